@@ -1,0 +1,1 @@
+"""The conductor, CLI, scenarios, world building, network process and results."""

@@ -1,0 +1,55 @@
+"""Command line: python -m emulator run|validate ..."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .scenario import ScenarioError, load_scenario
+
+
+@click.group()
+def main() -> None:
+    """A multi-process network emulator for federated learning."""
+
+
+@main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a scenario key (dotted path).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Run directory (default: output.dir/NAME-TIME).")
+def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
+    """Run SCENARIO and write its run directory."""
+    from .conductor import run_scenario  # heavy imports only when running
+
+    try:
+        sc, resolved = load_scenario(scenario, list(overrides))
+        summary = run_scenario(sc, resolved, out)
+    except ScenarioError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(
+        f"{summary['status']}: {summary['rounds_completed']} rounds, emulated {summary['emulated_time_s']:.3f} s, "
+        f"wall {summary['wall_time_s']:.1f} s, best accuracy {summary['best_accuracy']}, "
+        f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB"
+    )
+    click.echo(f"results: {summary['run_dir']}")
+    if summary.get("reason"):
+        click.echo(f"reason: {summary['reason']}", err=True)
+    sys.exit({"completed": 0, "interrupted": 130}.get(summary["status"], 1))
+
+
+@main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
+def validate(scenario: Path, overrides: tuple[str, ...]) -> None:
+    """Check SCENARIO against the schema and that its data can be found."""
+    from .world import build_world
+
+    try:
+        sc, _ = load_scenario(scenario, list(overrides))
+        build_world(sc)
+    except ScenarioError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(f"{scenario}: ok ({sc.population.clients} clients, {sc.rounds} rounds)")

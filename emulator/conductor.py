@@ -1,0 +1,231 @@
+"""The conductor: validate, build the world, fork the network, server and host processes,
+supervise them, write the run directory as results arrive, and always clean up."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import zmq
+
+from node.processes import host_main, server_main
+from protocol import envelope
+from protocol.codecs import make_codec
+from .network import CONDUCTOR, SERVER, Link, NetworkConfig, network_main
+from .results import RunWriter, fmt_bytes
+from .scenario import Scenario
+from .world import World, build_world
+
+POLL_MS = 100
+RSS_EVERY_S = 0.5
+STOP_GRACE_S = 3.0
+
+
+@dataclass
+class Child:
+    name: str
+    role: str  # network | server | host
+    proc: mp.Process
+    lost: bool = False
+
+
+def population_rows(world: World) -> list[dict]:
+    return [{
+        "client": c.profile.name, "host": c.host, "device": c.device, "ms_per_sample": c.profile.ms_per_sample,
+        "link": c.link_name, "up_mbps": c.link.up_bps / 1e6, "down_mbps": c.link.down_bps / 1e6,
+        "latency_ms": c.link.latency_s * 1000, "samples": int(c.profile.indices.size),
+    } for c in world.clients]
+
+
+def new_run_dir(base: Path, name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        candidate = base / (f"{name}-{stamp}" + (f"-{i}" if i else ""))
+        if not candidate.exists():
+            return candidate
+    raise RuntimeError(f"cannot find a free run directory under {base}")
+
+
+class Conductor:
+    def __init__(self, sc: Scenario, resolved: dict, run_dir: Path, progress: Callable[[str], None] = print):
+        self.sc = sc
+        self.resolved = resolved
+        self.run_dir = run_dir
+        self.say = progress
+        self.children: list[Child] = []
+        self.t0 = time.monotonic()
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self.startup_s: float | None = None
+
+    # ---- processes -----------------------------------------------------------------------------
+    def _spawn(self, world: World, endpoint: str) -> None:
+        ctx = mp.get_context("fork")  # children inherit the imported modules and the loaded data
+        me = os.getpid()
+        links = {c.profile.name: c.link for c in world.clients}
+        links[SERVER] = world.server_link
+        hosts = [f"host{h}" for h in range(world.hosts)]
+        net_cfg = NetworkConfig(endpoint, [CONDUCTOR, SERVER, *hosts], links, world.framing, me)
+        up_codec = make_codec(self.sc.algorithm.codec.up.model_dump())
+        specs = [("network", "network", network_main, (net_cfg,)),
+                 ("server", "server", server_main,
+                  (endpoint, world.server, [c.profile.name for c in world.clients], world.task, 1, me))]
+        for h, name in enumerate(hosts):
+            profiles = [c.profile for c in world.clients if c.host == h]
+            specs.append((name, "host", host_main,
+                          (name, endpoint, profiles, world.task, up_codec, world.threads_per_host, self.sc.seed, me)))
+        for name, role, target, args in specs:
+            proc = ctx.Process(target=target, args=args, name=f"flemu-{name}", daemon=False)
+            proc.start()
+            self.children.append(Child(name, role, proc))
+
+    def _stop_children(self) -> None:
+        alive = [c.proc for c in self.children if c.proc.is_alive()]
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in alive:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in alive:
+            if p.is_alive():
+                p.terminate()
+        for p in alive:
+            p.join(timeout=1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=1.0)
+
+    def _sample_memory(self) -> None:
+        rss = pss = 0
+        for pid in [os.getpid()] + [c.proc.pid for c in self.children if c.proc.is_alive()]:
+            try:
+                info = psutil.Process(pid).memory_full_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+            except (psutil.Error, OSError):
+                pass
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_pss = max(self.peak_pss, pss)
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self, world: World) -> dict:
+        writer = RunWriter(self.run_dir, self.resolved, population_rows(world))
+        ipc_dir = tempfile.mkdtemp(prefix="flemu-")
+        os.chmod(ipc_dir, 0o700)
+        endpoint = f"ipc://{ipc_dir}/network"
+        status, reason = "failed", None
+        interrupted = False
+        ctx = sock = None
+        try:
+            self._spawn(world, endpoint)
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, CONDUCTOR.encode())
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            sock.send(envelope.pack("hello", peer=CONDUCTOR, actors=[]))
+            status, reason = self._supervise(sock, writer)
+        except KeyboardInterrupt:
+            status, reason, interrupted = "interrupted", "stopped by the user (SIGINT)", True
+        finally:
+            if sock is not None and not interrupted:
+                try:
+                    sock.send(envelope.pack("stop"), zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+            if interrupted:
+                for c in self.children:
+                    if c.proc.is_alive():
+                        c.proc.terminate()
+            self._stop_children()
+            if ctx is not None:
+                ctx.destroy(linger=0)
+            shutil.rmtree(ipc_dir, ignore_errors=True)
+            summary = writer.write_summary(
+                status, reason=reason, wall_time_s=time.monotonic() - self.t0, startup_s=self.startup_s,
+                peak_rss_mib=self.peak_rss / 2**20, peak_pss_mib=self.peak_pss / 2**20,
+                processes={"hosts": world.hosts, "threads_per_host": world.threads_per_host},
+                run_dir=str(self.run_dir),
+            )
+            writer.close()
+        return summary
+
+    def _supervise(self, sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None]:
+        last_rss = 0.0
+        last_progress = time.monotonic()
+        stall = self.sc.run.stall_timeout_s
+        while True:
+            if sock.poll(POLL_MS):
+                last_progress = time.monotonic()
+                while sock.poll(0):
+                    frames = sock.recv_multipart()
+                    env = envelope.unpack(frames[0])
+                    body = env.get("body", {})
+                    if env["op"] == "record":
+                        for rec in body["transfers"]:
+                            writer.transfer(rec)
+                    elif env["op"] == "report":
+                        done = self._on_report(body, writer)
+                        if done:
+                            return "completed", None
+            now = time.monotonic()
+            if now - last_rss >= RSS_EVERY_S:
+                self._sample_memory()
+                last_rss = now
+            for child in self.children:
+                code = child.proc.exitcode
+                if code is None or child.lost:
+                    continue
+                child.lost = True
+                how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                emulated = writer.rows[-1]["t_end"] if writer.rows else 0.0
+                if child.role != "host":
+                    writer.incident(f"{child.name} process {how}; the run cannot continue", emulated_time_s=emulated)
+                    return "failed", f"{child.name} process {how}"
+                lost = [c for c in self.children if c.role == "host"]
+                writer.incident(f"{child.name} process {how}; its clients count as failed from now on",
+                                process=child.name, pid=child.proc.pid, wall_time_s=now - self.t0,
+                                after_round=writer.rows[-1]["round"] if writer.rows else None)
+                self.say(f"! {child.name} {how}: its clients are dropped")
+                sock.send(envelope.pack("peer_lost", peer=child.name))
+                if all(c.lost for c in lost):
+                    self.say("! every host is gone; the server will finish with no clients")
+            if now - last_progress > stall:
+                writer.incident(f"no progress for {stall:.0f} s of wall time")
+                return "failed", f"stalled: no message for {stall:.0f} s"
+
+    def _on_report(self, body: dict[str, Any], writer: RunWriter) -> bool:
+        kind = body.get("type")
+        if kind == "round":
+            if self.startup_s is None:
+                self.startup_s = time.monotonic() - self.t0  # refined below when the round had a measured start
+            row = writer.round(body)
+            writer.write_summary("running", wall_time_s=time.monotonic() - self.t0)
+            acc = f"  acc {row['accuracy']:.4f}" if row.get("accuracy") is not None else ""
+            self.say(
+                f"round {row['round'] + 1}/{self.sc.rounds}  t={row['t_end']:.3f}s  "
+                f"ok {row['completed']}/{row['selected']} failed {row['failed']}  "
+                f"down {fmt_bytes(row['payload_bytes_down'])} up {fmt_bytes(row['payload_bytes_up'])}{acc}"
+            )
+        elif kind == "clock_started":
+            self.startup_s = time.monotonic() - self.t0
+        elif kind in ("error", "rejected"):
+            writer.incident(kind, **{k: v for k, v in body.items() if k != "type"})
+        elif kind == "finished":
+            return True
+        return False
+
+
+def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, progress: Callable[[str], None] = print) -> dict:
+    t0 = time.monotonic()
+    world = build_world(sc)
+    run_dir = out if out is not None else new_run_dir(Path(sc.output.dir), sc.name)
+    conductor = Conductor(sc, resolved, run_dir, progress)
+    conductor.t0 = t0
+    return conductor.run(world)

@@ -1,0 +1,300 @@
+"""The network process: the only clock, the event queue, the link model and byte accounting.
+
+Conservative discrete-event protocol (DESIGN.md 3): an event at time t is processed only while
+t is strictly below every actor's lower bound (an unanswered delivery, or a declared busy-until).
+Everything an actor can still send therefore arrives before any event it could precede, and
+ties are broken by a key made of (time, event class, actor name, per-actor counter), never by
+arrival order, so a run is a deterministic function of its scenario and seed."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from protocol import envelope
+from .links import INF, FlowModel, Framing
+
+CONDUCTOR = "conductor"
+SERVER = "server"
+POLL_MS = 200
+
+# event classes, in the order they run at equal times: finish transfers, deliver, start transfers, fire timers
+FLOW_DONE, DELIVER, FLOW_START, TIMER = range(4)
+
+
+@dataclass(frozen=True)
+class Link:
+    up_bps: float = INF
+    down_bps: float = INF
+    latency_s: float = 0.0
+
+
+@dataclass
+class NetworkConfig:
+    endpoint: str
+    peers: list[str]  # every peer that must say hello before the clock starts (conductor included)
+    links: dict[str, Link]  # access link of each actor
+    framing: Framing = field(default_factory=Framing)
+    parent_pid: int | None = None
+
+
+@dataclass
+class Transfer:
+    tid: int
+    src: str
+    dst: str
+    kind: str
+    round: int
+    t_start: float
+    payload_bytes: int
+    fp32_bytes: int
+    wire_bytes: int
+    link_bytes: int
+    deliver_env: dict[str, Any]
+    frames: list[Any]
+
+    def record(self, t_end: float, outcome: str, wasted: int = 0) -> dict[str, Any]:
+        return {
+            "id": self.tid, "round": self.round, "kind": self.kind, "src": self.src, "dst": self.dst,
+            "payload_bytes": self.payload_bytes, "fp32_bytes": self.fp32_bytes, "wire_bytes": self.wire_bytes,
+            "link_bytes": self.link_bytes, "t_start": self.t_start, "t_end": t_end, "outcome": outcome,
+            "wasted_bytes": wasted,
+        }
+
+
+class Network:
+    def __init__(self, cfg: NetworkConfig):
+        self.cfg = cfg
+        self.now = 0.0
+        self.queue: list[tuple] = []
+        self.holds: dict[int, tuple[str, float]] = {}
+        self.hold_ids = itertools.count()
+        self.transfer_ids = itertools.count()
+        self.net_counter = itertools.count()
+        self.actor_peer: dict[str, str] = {}
+        self.peer_actors: dict[str, list[str]] = {}
+        self.dead: set[str] = set()
+        self.transfers: dict[int, Transfer] = {}
+        self.flows = FlowModel(self._capacities())
+        self.started = False
+        self.stopping = False
+        self.rejected = 0
+
+    def _capacities(self) -> dict[tuple[str, str], float]:
+        caps = {}
+        for actor, link in self.cfg.links.items():
+            caps[("up", actor)] = link.up_bps
+            caps[("down", actor)] = link.down_bps
+        return caps
+
+    def link(self, actor: str) -> Link:
+        return self.cfg.links.get(actor, Link())
+
+    # ---- the lower bound ---------------------------------------------------------------------
+    def lower_bound(self) -> float:
+        return min((t for _, t in self.holds.values()), default=INF)
+
+    def push(self, t: float, cls: int, name: str, n: int, sub: int, event: tuple) -> None:
+        heapq.heappush(self.queue, (t, cls, name, n, sub, event))
+
+    # ---- messages from peers -----------------------------------------------------------------
+    def on_message(self, peer: str, frames: list[Any]) -> None:
+        try:
+            env = envelope.unpack(frames[0].buffer)
+        except envelope.ProtocolError as exc:
+            self.rejected += 1
+            print(f"[network] rejected message from {peer}: {exc}", file=sys.stderr)
+            return
+        op = env["op"]
+        if op == "hello":
+            self.peer_actors[peer] = list(env["actors"])
+            for actor in env["actors"]:
+                self.actor_peer[actor] = peer
+            if not self.started and set(self.cfg.peers) <= set(self.peer_actors):
+                self.started = True
+                self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})
+                self.push(0.0, DELIVER, "", next(self.net_counter), 0, ("deliver", self._net_message(SERVER, "start", {})))
+        elif op == "send":
+            self._on_send(peer, env, frames[1:])
+        elif op == "done":
+            self._on_done(peer, env)
+        elif op == "timer":
+            if self._owns(peer, env["actor"]):
+                at = max(float(env["at"]), self.now)
+                self.push(at, TIMER, env["actor"], next(self.net_counter), 0, ("tick", env["actor"], env["tag"]))
+        elif op == "report":
+            self.to_conductor("report", {**env["body"], "t_net": self.now})
+        elif op == "peer_lost" and peer == CONDUCTOR:
+            self._on_peer_lost(env["peer"])
+        elif op == "stop" and peer == CONDUCTOR:
+            self.stopping = True
+
+    def _owns(self, peer: str, actor: str) -> bool:
+        if self.actor_peer.get(actor) != peer:
+            self.rejected += 1
+            print(f"[network] {peer} may not act for {actor!r}; message rejected", file=sys.stderr)
+            return False
+        return True
+
+    def _on_send(self, peer: str, env: dict[str, Any], payload: list[Any]) -> None:
+        src = env["src"]
+        if not self._owns(peer, src) or src in self.dead:
+            return
+        t = max(float(env["t"]), self.now)  # a send can never land in the past
+        dsts = env["dst"] if isinstance(env["dst"], list) else [env["dst"]]
+        payload_frame_bytes = sum(f.buffer.nbytes for f in payload)
+        for i, dst in enumerate(dsts):
+            deliver_env = {"src": src, "dst": dst, "kind": env["kind"], "round": env["round"], "t": 0.0, "body": env["body"]}
+            unicast = envelope.pack("send", src=src, dst=dst, kind=env["kind"], round=env["round"], t=t, n=env["n"],
+                                    body=env["body"], payload=env["payload"], fp32=env["fp32"])
+            wire = len(unicast) + payload_frame_bytes
+            tr = Transfer(next(self.transfer_ids), src, dst, env["kind"], env["round"], t, env["payload"], env["fp32"],
+                          wire, self.cfg.framing.link_bytes(wire), deliver_env, payload)
+            self.push(t, FLOW_START, src, env["n"], i, ("flow_start", tr))
+
+    def _on_done(self, peer: str, env: dict[str, Any]) -> None:
+        hold = self.holds.get(env["hold"])
+        if hold is None or self.actor_peer.get(hold[0]) != peer:
+            return
+        if env["busy_until"] is None:
+            del self.holds[env["hold"]]
+        else:
+            self.holds[env["hold"]] = (hold[0], max(float(env["busy_until"]), hold[1]))
+
+    def _on_peer_lost(self, peer: str) -> None:
+        lost = [a for a in self.peer_actors.get(peer, []) if a not in self.dead]
+        self.dead.update(lost)
+        for hid in [h for h, (actor, _) in self.holds.items() if actor in lost]:
+            del self.holds[hid]
+        self.flows.advance(self.now)
+        for fid in [fid for fid in self.flows.flows if {self.transfers[fid].src, self.transfers[fid].dst} & set(lost)]:
+            self._abort(fid, f"{'src' if self.transfers[fid].src in lost else 'dst'}_lost")
+        if SERVER not in lost and SERVER not in self.dead and lost:
+            msg = self._net_message(SERVER, "peer_down", {"actors": lost, "peer": peer})
+            self.push(self.now, DELIVER, "", next(self.net_counter), 0, ("deliver", msg))
+
+    def _net_message(self, dst: str, kind: str, body: dict) -> tuple[dict, list]:
+        return {"src": "network", "dst": dst, "kind": kind, "round": -1, "t": 0.0, "body": body}, []
+
+    # ---- events --------------------------------------------------------------------------------
+    def step(self, sock: zmq.Socket) -> bool:
+        """Process at most one event; False when the lower bound forbids it or the queue is empty."""
+        if not self.queue or self.queue[0][0] >= self.lower_bound():
+            return False
+        t, _, _, _, _, event = heapq.heappop(self.queue)
+        self.now = max(self.now, t)
+        kind = event[0]
+        if kind == "flow_start":
+            self._start_flow(event[1])
+        elif kind == "flow_done":
+            self._finish_flow(event[1], event[2])
+        elif kind == "deliver":
+            self._deliver(sock, *event[1])
+        elif kind == "tick":
+            self._deliver(sock, {"src": "network", "dst": event[1], "kind": "tick", "round": -1, "t": 0.0,
+                                 "body": {"tag": event[2]}}, [])
+        return True
+
+    def _path(self, tr: Transfer) -> tuple:
+        return (("up", tr.src), ("down", tr.dst))
+
+    def _reschedule(self, changed) -> None:
+        for fid, done_at, version in changed:
+            tr = self.transfers[fid]
+            self.push(done_at, FLOW_DONE, tr.src, tr.tid, 0, ("flow_done", fid, version))
+
+    def _start_flow(self, tr: Transfer) -> None:
+        if tr.src in self.dead or tr.dst in self.dead:
+            self.to_conductor("record", {"transfers": [tr.record(self.now, "dst_lost" if tr.dst in self.dead else "src_lost")]})
+            return
+        self.transfers[tr.tid] = tr
+        self.flows.advance(self.now)
+        self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self._path(tr)))
+
+    def _finish_flow(self, fid: int, version: int) -> None:
+        flow = self.flows.flows.get(fid)
+        if flow is None or flow.version != version:
+            return  # rescheduled or aborted since
+        self.flows.advance(self.now)
+        _, changed = self.flows.remove(fid)
+        self._reschedule(changed)
+        tr = self.transfers.pop(fid)
+        arrival = self.now + self.link(tr.src).latency_s + self.link(tr.dst).latency_s
+        self.to_conductor("record", {"transfers": [tr.record(arrival, "ok")]})
+        tr.deliver_env["t"] = arrival
+        self.push(arrival, DELIVER, tr.src, tr.tid, 1, ("deliver", (tr.deliver_env, tr.frames)))
+
+    def _abort(self, fid: int, outcome: str) -> None:
+        flow, changed = self.flows.remove(fid)
+        self._reschedule(changed)
+        tr = self.transfers.pop(fid)
+        sent_bits = tr.link_bytes * 8.0 - (flow.remaining_bits if flow else 0.0)
+        self.to_conductor("record", {"transfers": [tr.record(self.now, outcome, int(sent_bits // 8))]})
+
+    def _deliver(self, sock: zmq.Socket, env: dict[str, Any], frames: list[Any]) -> None:
+        dst = env["dst"]
+        peer = self.actor_peer.get(dst)
+        if peer is None or dst in self.dead:
+            return
+        env["t"] = self.now
+        hold = next(self.hold_ids)
+        self.holds[hold] = (dst, self.now)
+        header = envelope.pack("deliver", hold=hold, **env)
+        sock.send_multipart([peer.encode(), header, *frames], copy=False)
+
+    # ---- to the conductor ----------------------------------------------------------------------
+    def to_conductor(self, op: str, body: dict) -> None:
+        self._outbox.append(envelope.pack(op, body=body))
+
+    def run(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.cfg.endpoint)
+        self._outbox: list[bytes] = []
+        try:
+            while not self.stopping:
+                timeout = 0 if (self.queue and self.queue[0][0] < self.lower_bound()) else POLL_MS
+                if sock.poll(timeout):
+                    while sock.poll(0):
+                        frames = sock.recv_multipart(copy=False)
+                        self.on_message(bytes(frames[0].buffer).decode(), frames[1:])
+                elif timeout and self.cfg.parent_pid is not None and os.getppid() != self.cfg.parent_pid:
+                    return
+                # Process a bounded batch before looking at the socket again, so replies flow in.
+                for _ in range(64):
+                    if not self.step(sock):
+                        break
+                self._flush(sock)
+            self._flush(sock)
+            for peer in self.peer_actors:
+                if peer != CONDUCTOR:
+                    try:
+                        sock.send_multipart([peer.encode(), envelope.pack("stop")])
+                    except zmq.ZMQError:
+                        pass
+            time.sleep(0.05)
+        finally:
+            ctx.destroy(linger=0)
+
+    def _flush(self, sock: zmq.Socket) -> None:
+        for header in self._outbox:
+            try:
+                sock.send_multipart([CONDUCTOR.encode(), header])
+            except zmq.ZMQError:
+                pass
+        self._outbox.clear()
+
+
+def network_main(cfg: NetworkConfig) -> None:
+    from node.processes import detach_from_terminal_signals  # noqa: PLC0415  (same hardening as node processes)
+
+    detach_from_terminal_signals(cfg.parent_pid)
+    Network(cfg).run()

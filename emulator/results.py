@@ -1,0 +1,124 @@
+"""The run directory, written as the run goes: after every round the files are complete."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GIB = 2**30
+SERVER = "server"
+
+TRANSFER_FIELDS = ["id", "round", "kind", "src", "dst", "payload_bytes", "fp32_bytes", "wire_bytes", "link_bytes",
+                   "t_start", "t_end", "outcome", "wasted_bytes"]
+ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "selected", "completed", "failed", "rejected",
+                "payload_bytes_down", "payload_bytes_up", "wire_bytes_down", "wire_bytes_up",
+                "fp32_bytes_down", "fp32_bytes_up", "wasted_bytes", "train_loss", "accuracy", "test_loss"]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path, scenario: dict, population_rows: list[dict]):
+        self.dir = run_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "scenario.yaml").write_text(yaml.safe_dump(scenario, sort_keys=False))
+        with open(self.dir / "population.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(population_rows[0]))
+            w.writeheader()
+            w.writerows(population_rows)
+        self._transfers_file = open(self.dir / "transfers.csv", "w", newline="")
+        self._transfers = csv.DictWriter(self._transfers_file, fieldnames=TRANSFER_FIELDS)
+        self._transfers.writeheader()
+        self._rounds_file = open(self.dir / "rounds.csv", "w", newline="")
+        self._rounds = csv.DictWriter(self._rounds_file, fieldnames=ROUND_FIELDS)
+        self._rounds.writeheader()
+        self._rounds_file.flush()
+        self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.rows: list[dict] = []
+        self.incidents: list[dict] = []
+        self.summary: dict[str, Any] = {"scenario": scenario.get("name"), "status": "running"}
+        self.target = (scenario.get("eval") or {}).get("target_accuracy")
+
+    def transfer(self, rec: dict) -> None:
+        self._transfers.writerow(rec)
+        direction = "down" if rec["src"] == SERVER else "up" if rec["dst"] == SERVER else "peer"
+        sums = self.per_round[rec["round"]]
+        if rec["outcome"] == "ok":
+            for kind in ("payload", "wire", "fp32"):
+                sums[f"{kind}_bytes_{direction}"] += rec[f"{kind}_bytes"]
+        sums["wasted_bytes"] += rec.get("wasted_bytes", 0)
+
+    def round(self, rep: dict) -> dict:
+        sums = self.per_round.get(rep["round"], {})
+        row = {
+            "round": rep["round"], "t_start": rep["t_start"], "t_end": rep["t_end"],
+            "duration_s": rep["t_end"] - rep["t_start"],
+            **{k: rep.get(k) for k in ("selected", "completed", "failed", "rejected", "train_loss", "accuracy", "test_loss")},
+            **{f: sums.get(f, 0) for f in ROUND_FIELDS if "bytes" in f},
+        }
+        self.rows.append(row)
+        self._rounds.writerow(row)
+        self._rounds_file.flush()
+        self._transfers_file.flush()
+        return row
+
+    def incident(self, what: str, **details: Any) -> None:
+        self.incidents.append({"what": what, **details})
+
+    def write_summary(self, status: str, **extra: Any) -> dict:
+        rows = self.rows
+        total = lambda key: sum(r[key] for r in rows)  # noqa: E731
+        evaluated = [r for r in rows if r.get("accuracy") is not None]
+        best = max(evaluated, key=lambda r: r["accuracy"], default=None)
+        reached = next((r for r in evaluated if self.target and r["accuracy"] >= self.target), None)
+        fp32 = total("fp32_bytes_up") + total("fp32_bytes_down")
+        payload = total("payload_bytes_up") + total("payload_bytes_down")
+        self.summary.update({
+            "status": status,
+            "rounds_completed": len(rows),
+            "emulated_time_s": rows[-1]["t_end"] if rows else 0.0,
+            "best_accuracy": best["accuracy"] if best else None,
+            "best_accuracy_round": best["round"] if best else None,
+            "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
+            "target_accuracy": self.target,
+            "time_to_target_s": reached["t_end"] if reached else None,
+            "payload_gib_up": total("payload_bytes_up") / GIB,
+            "payload_gib_down": total("payload_bytes_down") / GIB,
+            "wire_gib_up": total("wire_bytes_up") / GIB,
+            "wire_gib_down": total("wire_bytes_down") / GIB,
+            "payload_bytes_up": total("payload_bytes_up"),
+            "payload_bytes_down": total("payload_bytes_down"),
+            "wire_bytes_up": total("wire_bytes_up"),
+            "wire_bytes_down": total("wire_bytes_down"),
+            "wasted_bytes": total("wasted_bytes"),
+            "saving_vs_fp32": (1 - payload / fp32) if fp32 else None,
+            "client_updates_ok": total("completed"),
+            "client_updates_failed": total("failed"),
+            "incidents": self.incidents,
+            **extra,
+        })
+        write_json_atomic(self.dir / "summary.json", self.summary)
+        return self.summary
+
+    def close(self) -> None:
+        for f in (self._transfers_file, self._rounds_file):
+            if not f.closed:
+                f.close()
+
+
+def fmt_bytes(n: float) -> str:
+    if n <= 0:
+        return "0 B"
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    i = min(len(units) - 1, int(math.log(n, 1024)))
+    return f"{n / 1024**i:.1f} {units[i]}"

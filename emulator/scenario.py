@@ -1,0 +1,268 @@
+"""Scenario files: YAML validated against a strict schema before anything starts.
+
+Every error names the file, the key path and what was expected, e.g.
+`s.yaml: population.links[1].share: must be <= 1, got 1.5`."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from node.data import DATASETS
+from node.models import MODELS
+from protocol.codecs import CodecError, make_codec
+
+
+class ScenarioError(ValueError):
+    """A scenario is invalid; str() is a complete, user-facing message."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceMix(Strict):
+    name: str = "device"
+    share: float = Field(1.0, ge=0, le=1)
+    ms_per_sample: float = Field(gt=0, description="modelled training time per sample per epoch")
+
+
+class LinkMix(Strict):
+    name: str = "link"
+    share: float = Field(1.0, ge=0, le=1)
+    up_mbps: float = Field(gt=0)
+    down_mbps: float = Field(gt=0)
+    latency_ms: float = Field(0.0, ge=0, description="one-way latency of the access link")
+
+
+def _shares_sum_to_one(items: list, what: str) -> list:
+    total = sum(i.share for i in items)
+    if abs(total - 1.0) > 1e-6:
+        raise ValueError(f"{what} shares must add up to 1, got {total:g}")
+    return items
+
+
+class Population(Strict):
+    clients: int = Field(ge=1)
+    hosts: Optional[int] = Field(None, ge=1, description="client host processes; default: usable cores")
+    devices: list[DeviceMix] = Field(min_length=1)
+    links: list[LinkMix] = Field(min_length=1)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v):
+        return _shares_sum_to_one(v, "device")
+
+    @field_validator("links")
+    @classmethod
+    def _links(cls, v):
+        return _shares_sum_to_one(v, "link")
+
+
+class Partition(Strict):
+    kind: Literal["iid", "dirichlet"] = "iid"
+    alpha: float = Field(0.5, gt=0)
+    min_size: int = Field(1, ge=1)
+
+
+class Synthetic(Strict):
+    samples: int = Field(2000, ge=1)
+    test_samples: int = Field(500, ge=1)
+    shape: list[int] = Field(default_factory=lambda: [1, 28, 28], min_length=1)
+    classes: int = Field(10, ge=2)
+
+
+class Task(Strict):
+    dataset: Literal["mnist", "fashion_mnist", "synthetic"]
+    model: Literal["mnist_cnn", "mlp"] = "mnist_cnn"
+    partition: Partition = Field(default_factory=Partition)
+    data_root: Optional[str] = None
+    download: bool = False
+    synthetic: Synthetic = Field(default_factory=Synthetic)
+
+
+class ServerLink(Strict):
+    up_mbps: Optional[float] = Field(None, gt=0, description="null: unlimited")
+    down_mbps: Optional[float] = Field(None, gt=0, description="null: unlimited")
+    latency_ms: float = Field(0.0, ge=0)
+
+
+class Server(Strict):
+    link: ServerLink = Field(default_factory=ServerLink)
+    aggregate_ms: float = Field(0.0, ge=0)
+
+
+class Selection(Strict):
+    clients_per_round: int = Field(ge=1)
+    policy: Literal["random"] = "random"
+
+
+class RoundPolicy(Strict):
+    timeout_s: Optional[float] = Field(None, gt=0, description="round deadline; null waits for every selected client")
+
+
+class CodecSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+    @model_validator(mode="after")
+    def _buildable(self):
+        try:
+            make_codec(self.model_dump())
+        except CodecError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class Codecs(Strict):
+    down: CodecSpec = Field(default_factory=lambda: CodecSpec(name="fp32"))
+    up: CodecSpec = Field(default_factory=lambda: CodecSpec(name="fp32"))
+
+
+class Algorithm(Strict):
+    name: Literal["fedavg"] = "fedavg"
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0)
+    codec: Codecs = Field(default_factory=Codecs)
+
+
+class Eval(Strict):
+    every: int = Field(1, ge=0, description="evaluate every N rounds (and after the last); 0: never")
+    max_samples: Optional[int] = Field(None, ge=1)
+    target_accuracy: Optional[float] = Field(None, gt=0, le=1)
+
+
+class NetworkModel(Strict):
+    mss: int = Field(1448, ge=0, description="TCP payload bytes per segment; 0 disables framing")
+    segment_overhead: int = Field(66, ge=0, description="header bytes per segment on the link")
+    per_transfer_bytes: int = Field(0, ge=0)
+
+
+class Clock(Strict):
+    mode: Literal["virtual"] = "virtual"
+
+
+class Output(Strict):
+    dir: str = "runs"
+
+
+class Run(Strict):
+    stall_timeout_s: float = Field(600.0, gt=0, description="abort if nothing happens for this long (wall time)")
+
+
+class Scenario(Strict):
+    name: str = "scenario"
+    seed: int = 0
+    rounds: int = Field(ge=1)
+    clock: Clock = Field(default_factory=Clock)
+    task: Task
+    population: Population
+    server: Server = Field(default_factory=Server)
+    selection: Selection
+    round: RoundPolicy = Field(default_factory=RoundPolicy)
+    algorithm: Algorithm = Field(default_factory=Algorithm)
+    eval: Eval = Field(default_factory=Eval)
+    network: NetworkModel = Field(default_factory=NetworkModel)
+    output: Output = Field(default_factory=Output)
+    run: Run = Field(default_factory=Run)
+
+    @model_validator(mode="after")
+    def _selection_fits(self):
+        if self.selection.clients_per_round > self.population.clients:
+            raise ValueError(
+                f"selection.clients_per_round ({self.selection.clients_per_round}) exceeds population.clients ({self.population.clients})"
+            )
+        return self
+
+
+# ---- loading -----------------------------------------------------------------------------------
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+_FRIENDLY = [
+    (re.compile(r"^Extra inputs are not permitted"), "unknown key"),
+    (re.compile(r"^Field required"), "required key is missing"),
+    (re.compile(r"^Input should be greater than or equal to (.*)"), r"must be >= \1"),
+    (re.compile(r"^Input should be greater than (.*)"), r"must be > \1"),
+    (re.compile(r"^Input should be less than or equal to (.*)"), r"must be <= \1"),
+    (re.compile(r"^Value error, "), ""),
+]
+
+
+def _friendly(msg: str) -> str:
+    for pattern, repl in _FRIENDLY:
+        if pattern.search(msg):
+            return pattern.sub(repl, msg)
+    return msg[0].lower() + msg[1:] if msg else msg
+
+
+def format_errors(source: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p.startswith("function-") or p.startswith("literal["))))
+        # Drop the pseudo-location pydantic adds for tagged unions and model validators.
+        msg = _friendly(err["msg"])
+        got = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(err.get("input"), dict) else f", got {err.get('input')!r}"
+        if err["type"] == "extra_forbidden":
+            got = f" (value {err.get('input')!r})"
+        lines.append(f"{source}: {_path(loc)}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", dotted)
+    if not parts:
+        raise ScenarioError(f"--set {dotted}: empty key")
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        key: Any = int(part[1:-1]) if part.startswith("[") else part
+        if isinstance(key, int):
+            if not isinstance(node, list) or key >= len(node):
+                raise ScenarioError(f"--set {dotted}: {_path(tuple(parts[:i]))} has no item {key}")
+        elif not isinstance(node, dict):
+            raise ScenarioError(f"--set {dotted}: cannot set a key inside a non-mapping")
+        if last:
+            node[key] = value
+        else:
+            if isinstance(key, str) and key not in node:
+                node[key] = {}
+            node = node[key]
+
+
+def load_scenario(path: str | Path, overrides: list[str] = ()) -> tuple[Scenario, dict]:
+    """Read, apply `key=value` overrides, validate. Returns (scenario, resolved plain dict)."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{source}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{source}: the top level must be a mapping of keys")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ScenarioError(f"--set {item!r}: expected key=value")
+        _set_path(raw, key.strip(), yaml.safe_load(value))
+    try:
+        scenario = Scenario.model_validate(raw)
+    except ValidationError as exc:
+        raise ScenarioError(format_errors(source, exc)) from None
+    return scenario, scenario.model_dump(mode="json")
+
+
+__all__ = ["Scenario", "ScenarioError", "load_scenario", "DATASETS", "MODELS"]

@@ -1,0 +1,117 @@
+"""Building the world from a scenario: who the clients are, what devices and links they have,
+which samples they hold, and how they are spread over host processes. Pure and seeded."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from node import data as datasets
+from node.client import ClientProfile, TaskSpec
+from node.server import ServerConfig
+from protocol.codecs import make_codec
+from .links import INF, Framing
+from .network import Link
+from .scenario import Scenario, ScenarioError
+
+
+@dataclass
+class ClientInfo:
+    profile: ClientProfile
+    host: int
+    device: str
+    link_name: str
+    link: Link
+
+
+@dataclass
+class World:
+    task: TaskSpec
+    clients: list[ClientInfo]
+    server_link: Link
+    server: ServerConfig
+    hosts: int
+    threads_per_host: int
+    framing: Framing
+
+
+def mix_counts(shares: list[float], total: int) -> list[int]:
+    """Largest-remainder apportionment: integer counts proportional to shares summing to total."""
+    raw = np.asarray(shares, dtype=float) * total
+    counts = np.floor(raw).astype(int)
+    for i in np.argsort(-(raw - counts), kind="stable")[: total - counts.sum()]:
+        counts[i] += 1
+    return counts.tolist()
+
+
+def assign_mix(shares: list[float], total: int, rng: np.random.Generator) -> np.ndarray:
+    """Which mix entry each of `total` clients gets: exact counts, seeded shuffle."""
+    labels = np.repeat(np.arange(len(shares)), mix_counts(shares, total))
+    return rng.permutation(labels)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def mbps(value: float | None) -> float:
+    return INF if value is None else value * 1e6
+
+
+def load_task(sc: Scenario) -> TaskSpec:
+    t = sc.task
+    try:
+        train, test = datasets.load(
+            t.dataset, t.data_root, t.download,
+            samples=t.synthetic.samples, test_samples=t.synthetic.test_samples,
+            shape=tuple(t.synthetic.shape), classes=t.synthetic.classes, seed=sc.seed,
+        )
+    except datasets.DataError as exc:
+        raise ScenarioError(f"task.dataset: {exc}") from None
+    return TaskSpec(t.model, train, test, sc.seed)
+
+
+def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
+    task = task or load_task(sc)
+    rng = np.random.default_rng(sc.seed)
+    n = sc.population.clients
+    labels = task.train.y.numpy()
+    part = sc.task.partition
+    if part.kind == "iid":
+        shards = datasets.partition_iid(labels.size, n, rng)
+    else:
+        try:
+            shards = datasets.partition_dirichlet(labels, n, part.alpha, rng, part.min_size)
+        except datasets.DataError as exc:
+            raise ScenarioError(f"task.partition: {exc}") from None
+    if min(s.size for s in shards) == 0:
+        raise ScenarioError(f"task.partition: {labels.size} samples cannot give each of {n} clients at least one")
+    devices = assign_mix([d.share for d in sc.population.devices], n, rng)
+    links = assign_mix([lk.share for lk in sc.population.links], n, rng)
+    hosts = min(sc.population.hosts or usable_cores(), n)
+    width = max(4, len(str(n - 1)))
+    clients = []
+    for i in range(n):
+        dev = sc.population.devices[devices[i]]
+        lk = sc.population.links[links[i]]
+        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], dev.ms_per_sample)
+        link = Link(lk.up_mbps * 1e6, lk.down_mbps * 1e6, lk.latency_ms / 1000.0)
+        clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link))
+    alg = sc.algorithm
+    server = ServerConfig(
+        rounds=sc.rounds, clients_per_round=sc.selection.clients_per_round, epochs=alg.local_epochs,
+        batch_size=alg.batch_size, lr=alg.lr, down_codec=make_codec(alg.codec.down.model_dump()), seed=sc.seed,
+        eval_every=sc.eval.every, eval_max_samples=sc.eval.max_samples, round_timeout_s=sc.round.timeout_s,
+        aggregate_s=sc.server.aggregate_ms / 1000.0,
+    )
+    sl = sc.server.link
+    return World(
+        task=task, clients=clients,
+        server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0),
+        server=server, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
+        framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
+    )

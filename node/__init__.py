@@ -1,0 +1,1 @@
+"""FL actors, strategies, local training, data and models. Depends on protocol/ only."""

@@ -1,0 +1,51 @@
+"""Actors are small reactive state machines: a delivered message in, a Reaction out.
+
+An actor never touches a socket or a clock. Work that takes emulated time (training,
+aggregation) is returned as `work` with its modelled duration `work_s`, declared before the
+work is done; the runtime runs it and sends its outcome stamped t + work_s."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence, Union
+
+
+@dataclass
+class Message:
+    src: str
+    dst: str
+    kind: str
+    round: int
+    t: float  # emulated arrival time
+    body: dict[str, Any]
+    frames: Sequence[Any] = ()
+
+
+@dataclass
+class Send:
+    dst: Union[str, list[str]]  # a list multicasts one payload to several actors
+    kind: str
+    round: int
+    body: dict[str, Any] = field(default_factory=dict)
+    frames: Sequence[Any] = ()
+    payload_bytes: int = 0  # encoded tensor values only
+    fp32_bytes: int = 0  # what the same tensors would cost as fp32
+
+
+Report = Union[dict[str, Any], Callable[[], dict[str, Any]]]
+
+
+@dataclass
+class Reaction:
+    sends: list[Send] = field(default_factory=list)
+    timers: list[tuple[float, str]] = field(default_factory=list)  # (emulated time, tag)
+    reports: list[Report] = field(default_factory=list)  # to the conductor, off the emulated clock, in order
+    work_s: float = 0.0
+    # Runs on the worker thread. It returns the outcome, or a continuation that the runtime calls on its
+    # own thread (for outcomes that change actor state, like starting the next round).
+    work: Callable[[], "Reaction | Callable[[], Reaction]"] | None = None
+
+
+class Actor(Protocol):
+    name: str
+
+    def react(self, msg: Message) -> Reaction: ...

@@ -1,0 +1,101 @@
+"""Datasets and partitions. Datasets load through torchvision from a data root, never from the net
+unless the scenario allows it."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DATASETS = ("mnist", "fashion_mnist", "synthetic")
+ENV_DATA_ROOT = "EMULATOR_DATA"
+
+
+class DataError(RuntimeError):
+    """The dataset could not be loaded; the message says where it looked and what to do."""
+
+
+@dataclass
+class Dataset:
+    x: torch.Tensor  # uint8 images (N, C, H, W) or float features
+    y: torch.Tensor  # int64 labels
+    classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def batch(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[idx]
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255.0)
+        return x, self.y[idx]
+
+
+def default_data_root() -> Path:
+    if os.environ.get(ENV_DATA_ROOT):
+        return Path(os.environ[ENV_DATA_ROOT])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fl-emulator" / "data"
+
+
+def _torchvision(name: str, root: Path, download: bool) -> tuple[Dataset, Dataset]:
+    from torchvision import datasets
+
+    cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST}[name]
+    try:
+        train, test = (cls(str(root), train=flag, download=download) for flag in (True, False))
+    except RuntimeError as exc:
+        folder = root / cls.__name__ / "raw"
+        raise DataError(
+            f"dataset {name!r} not found under {folder} ({exc}). Put the raw files there, point "
+            f"task.data_root or ${ENV_DATA_ROOT} at a folder that has them, or set task.download: true "
+            "on a machine with internet access."
+        ) from None
+    return (
+        Dataset(train.data.unsqueeze(1).contiguous(), train.targets.long(), 10),
+        Dataset(test.data.unsqueeze(1).contiguous(), test.targets.long(), 10),
+    )
+
+
+def synthetic(samples: int, test_samples: int, shape: tuple[int, ...], classes: int, seed: int) -> tuple[Dataset, Dataset]:
+    """Seeded, learnable data: each class is a fixed random pattern plus noise."""
+    gen = torch.Generator().manual_seed(seed)
+    centers = torch.rand((classes, *shape), generator=gen)
+
+    def draw(n: int) -> Dataset:
+        y = torch.randint(0, classes, (n,), generator=gen)
+        x = (centers[y] * 0.7 + torch.rand((n, *shape), generator=gen) * 0.3).mul_(255).to(torch.uint8)
+        return Dataset(x, y, classes)
+
+    return draw(samples), draw(test_samples)
+
+
+def load(name: str, root: str | Path | None, download: bool = False, **synthetic_args) -> tuple[Dataset, Dataset]:
+    if name == "synthetic":
+        return synthetic(**synthetic_args)
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    return _torchvision(name, Path(root) if root else default_data_root(), download)
+
+
+def partition_iid(n_samples: int, clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    return [np.sort(p) for p in np.array_split(rng.permutation(n_samples), clients)]
+
+
+def partition_dirichlet(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator, min_size: int = 1) -> list[np.ndarray]:
+    """Per class, split its samples among clients with proportions ~ Dir(alpha); redraw until every
+    client has at least min_size samples (bounded number of tries)."""
+    classes = np.unique(labels)
+    for _ in range(1000):
+        parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            cuts = (np.cumsum(rng.dirichlet(np.full(clients, alpha))) * idx.size).astype(int)[:-1]
+            for i, chunk in enumerate(np.split(idx, cuts)):
+                parts[i].append(chunk)
+        shards = [np.sort(np.concatenate(p)) for p in parts]
+        if min(s.size for s in shards) >= min_size:
+            return shards
+    raise DataError(f"Dirichlet(alpha={alpha}) could not give each of {clients} clients {min_size} samples; raise alpha or lower clients")

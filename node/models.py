@@ -1,0 +1,67 @@
+"""Models named by scenarios."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class MnistCNN(nn.Module):
+    """CNN_OriginalFedAvg (ALGORITHMS.md 1.7): 1,663,370 parameters for 1x28x28 inputs."""
+
+    def __init__(self, in_channels: int = 1, classes: int = 10, side: int = 28):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        flat = 64 * (side // 4) * (side // 4)
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class MLP(nn.Module):
+    """A small multilayer perceptron for fast tests and network-only studies."""
+
+    def __init__(self, in_features: int, classes: int = 10, hidden: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+MODELS = ("mnist_cnn", "mlp")
+
+
+def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    if name == "mnist_cnn":
+        if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
+            raise ValueError(f"mnist_cnn needs square C x H x W inputs, got {input_shape}")
+        return MnistCNN(input_shape[0], classes, input_shape[1])
+    if name == "mlp":
+        return MLP(int(np.prod(input_shape)), classes)
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+
+
+def state_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+def load_numpy_state(model: nn.Module, state: dict[str, np.ndarray]) -> None:
+    own = model.state_dict()
+    model.load_state_dict({k: torch.as_tensor(np.asarray(state[k])).to(own[k].dtype) for k in own})
+
+
+def state_spec(model: nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
+    """What a decoded state must look like: name -> (shape, wire dtype)."""
+    return {
+        k: (tuple(v.shape), "f4" if v.is_floating_point() else "i8") for k, v in model.state_dict().items()
+    }
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

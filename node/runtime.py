@@ -1,0 +1,191 @@
+"""Runs a set of actors behind one DEALER socket to the network process.
+
+This is the only node code that touches sockets. It speaks the clock protocol: every delivery
+is answered by `done` (with `busy_until` when the actor started modelled work), and the outcome
+of that work is sent stamped with its ready time, then the hold is released. Work runs on one
+worker thread, earliest ready time first, so the socket keeps answering deliveries meanwhile."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import queue
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+
+from protocol import envelope
+from .actor import Actor, Message, Reaction
+
+POLL_MS = 500
+
+
+@dataclass(order=True)
+class _Job:
+    ready_at: float
+    seq: int
+    actor: str = field(compare=False)
+    hold: int = field(compare=False)
+    work: Callable[[], Reaction | Callable[[], Reaction]] = field(compare=False)
+
+
+class Runtime:
+    def __init__(self, peer: str, endpoint: str, actors: list[Actor], parent_pid: int | None = None):
+        self.peer = peer
+        self.endpoint = endpoint
+        self.actors = {a.name: a for a in actors}
+        self.parent_pid = parent_pid
+        self.counters = {name: itertools.count() for name in self.actors}
+        self._jobs: list[_Job] = []
+        self._jobs_cv = threading.Condition()
+        self._job_seq = itertools.count()
+        self._finished: queue.SimpleQueue = queue.SimpleQueue()
+        self._reports: queue.SimpleQueue = queue.SimpleQueue()
+        self._report_out: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopping = False
+
+    # ---- threads -------------------------------------------------------------------------
+    def _signal(self, ctx: zmq.Context, address: str) -> Callable[[], None]:
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(address)
+        lock = threading.Lock()
+
+        def wake() -> None:
+            with lock:
+                sock.send(b"", zmq.NOBLOCK)
+
+        return wake
+
+    def _worker(self, wake: Callable[[], None]) -> None:
+        while True:
+            with self._jobs_cv:
+                while not self._jobs and not self._stopping:
+                    self._jobs_cv.wait()
+                if self._stopping:
+                    return
+                job = heapq.heappop(self._jobs)
+            try:
+                outcome = job.work()
+            except Exception:
+                traceback.print_exc()
+                outcome = Reaction(reports=[{"type": "error", "actor": job.actor, "error": traceback.format_exc(limit=3)}])
+            self._finished.put((job, outcome))
+            wake()
+
+    def _reporter(self, wake: Callable[[], None]) -> None:
+        while True:
+            item = self._reports.get()
+            if item is None:
+                return
+            try:
+                body = item() if callable(item) else item
+            except Exception:
+                traceback.print_exc()
+                body = {"type": "error", "peer": self.peer, "error": traceback.format_exc(limit=3)}
+            self._report_out.put(body)
+            wake()
+
+    # ---- protocol ------------------------------------------------------------------------
+    def _emit(self, sock: zmq.Socket, actor: str, reaction: Reaction, t: float) -> None:
+        for send in reaction.sends:
+            env = envelope.pack("send", src=actor, dst=send.dst, kind=send.kind, round=send.round, t=t,
+                                n=next(self.counters[actor]), body=send.body,
+                                payload=send.payload_bytes, fp32=send.fp32_bytes)
+            sock.send_multipart([env, *send.frames], copy=False)
+        for at, tag in reaction.timers:
+            sock.send(envelope.pack("timer", actor=actor, at=at, tag=tag))
+        for report in reaction.reports:
+            self._reports.put(report)
+
+    def _start_work(self, sock: zmq.Socket, actor: str, hold: int, reaction: Reaction, t: float) -> None:
+        if reaction.work is None:
+            sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=None))
+            return
+        ready_at = t + max(0.0, reaction.work_s)
+        sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=ready_at))
+        with self._jobs_cv:
+            heapq.heappush(self._jobs, _Job(ready_at, next(self._job_seq), actor, hold, reaction.work))
+            self._jobs_cv.notify()
+
+    def _deliver(self, sock: zmq.Socket, env: dict[str, Any], frames: list[Any]) -> None:
+        actor = self.actors.get(env["dst"])
+        if actor is None:
+            print(f"[{self.peer}] delivery for unknown actor {env['dst']!r} dropped", file=sys.stderr)
+            sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None))
+            return
+        msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames)
+        try:
+            reaction = actor.react(msg)
+        except Exception:
+            traceback.print_exc()
+            reaction = Reaction(reports=[{"type": "error", "actor": actor.name, "error": traceback.format_exc(limit=3)}])
+        self._emit(sock, actor.name, reaction, msg.t)
+        self._start_work(sock, actor.name, env["hold"], reaction, msg.t)
+
+    def run(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.peer.encode())
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.connect(self.endpoint)
+        wake_address = f"inproc://wake-{id(self)}"
+        wake_sock = ctx.socket(zmq.PULL)
+        wake_sock.bind(wake_address)
+        threads = [
+            threading.Thread(target=self._worker, args=(self._signal(ctx, wake_address),), daemon=True),
+            threading.Thread(target=self._reporter, args=(self._signal(ctx, wake_address),), daemon=True),
+        ]
+        for th in threads:
+            th.start()
+        sock.send(envelope.pack("hello", peer=self.peer, actors=list(self.actors)))
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(wake_sock, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll(POLL_MS))
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    return  # the conductor is gone: never outlive it
+                if wake_sock in events:
+                    while wake_sock.poll(0):
+                        wake_sock.recv()
+                    self._drain(sock)
+                if sock in events:
+                    while sock.poll(0):
+                        frames = sock.recv_multipart(copy=False)
+                        try:
+                            env = envelope.unpack(frames[0].buffer)
+                        except envelope.ProtocolError as exc:
+                            print(f"[{self.peer}] rejected message: {exc}", file=sys.stderr)
+                            continue
+                        if env["op"] == "stop":
+                            return
+                        if env["op"] == "deliver":
+                            self._deliver(sock, env, frames[1:])
+        finally:
+            with self._jobs_cv:
+                self._stopping = True
+                self._jobs_cv.notify_all()
+            self._reports.put(None)
+            ctx.destroy(linger=0)
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                job, outcome = self._finished.get_nowait()
+            except queue.Empty:
+                break
+            if callable(outcome):  # a continuation that must touch actor state: run it on this thread
+                outcome = outcome()
+            self._emit(sock, job.actor, outcome, job.ready_at)
+            self._start_work(sock, job.actor, job.hold, outcome, job.ready_at)
+        while True:
+            try:
+                body = self._report_out.get_nowait()
+            except queue.Empty:
+                break
+            sock.send(envelope.pack("report", body={"peer": self.peer, **body}))

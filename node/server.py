@@ -1,0 +1,156 @@
+"""The FedAvg server actor: select, broadcast, collect, aggregate, evaluate, repeat."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from protocol.codecs import Codec, CodecError, decode_state, encode_state
+from .actor import Message, Reaction, Send
+from .client import TaskSpec
+from .models import load_numpy_state, state_spec, state_to_numpy
+from .strategy import WeightedAverage, select_random
+from .training import evaluate
+
+
+@dataclass
+class ServerConfig:
+    rounds: int
+    clients_per_round: int
+    epochs: int
+    batch_size: int
+    lr: float
+    down_codec: Codec
+    seed: int
+    eval_every: int = 1
+    eval_max_samples: int | None = None
+    round_timeout_s: float | None = None  # deadline after the round starts; None waits for everyone
+    aggregate_s: float = 0.0  # modelled aggregation time
+
+
+@dataclass
+class RoundState:
+    index: int
+    t_start: float
+    selected: list[str]
+    waiting: set[str]
+    average: WeightedAverage = field(default_factory=WeightedAverage)
+    completed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    rejected: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+class ServerActor:
+    name = "server"
+
+    def __init__(self, cfg: ServerConfig, clients: list[str], task: TaskSpec):
+        self.cfg = cfg
+        self.clients = list(clients)
+        self.task = task
+        model = task.build()
+        self.spec = state_spec(model)
+        self.global_state = state_to_numpy(model)
+        self.eval_model = task.build()
+        self.down: set[str] = set()
+        self.round: RoundState | None = None
+        self.late = 0
+
+    # ---- reactions --------------------------------------------------------------------------
+    def react(self, msg: Message) -> Reaction:
+        if msg.kind == "start":
+            return self._begin(0, msg.t)
+        if msg.kind == "update":
+            return self._on_update(msg)
+        if msg.kind == "peer_down":
+            return self._on_down(msg)
+        if msg.kind == "tick" and self.round and msg.body.get("tag") == f"deadline:{self.round.index}":
+            return self._close(msg.t)
+        return Reaction()
+
+    def _begin(self, index: int, t: float) -> Reaction:
+        rng = np.random.default_rng([self.cfg.seed, index])
+        alive = [c for c in self.clients if c not in self.down]
+        selected = select_random(alive, self.cfg.clients_per_round, rng)
+        self.round = RoundState(index, t, selected, set(selected))
+        if not selected:
+            return self._close(t)
+        encoded = encode_state(self.global_state, self.cfg.down_codec, rng)
+        body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr}
+        timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
+        return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], timers=timers)
+
+    def _on_update(self, msg: Message) -> Reaction:
+        rnd = self.round
+        if rnd is None or msg.round != rnd.index or msg.src not in rnd.waiting:
+            self.late += 1
+            return Reaction()
+        rnd.waiting.discard(msg.src)
+        try:
+            state, basis = decode_state(msg.frames, self.spec)
+        except CodecError as exc:
+            rnd.rejected += 1
+            rnd.failed.append(msg.src)
+            print(f"[server] rejected update from {msg.src}: {exc}", file=sys.stderr)
+        else:
+            if basis == "delta":
+                state = {k: self.global_state[k] + state[k] for k in state}
+            rnd.average.add(state, float(msg.body.get("samples", 1)))
+            rnd.completed.append(msg.src)
+            rnd.losses.append(float(msg.body.get("loss", float("nan"))))
+        return self._close(msg.t) if not rnd.waiting else Reaction()
+
+    def _on_down(self, msg: Message) -> Reaction:
+        lost = set(msg.body.get("actors", []))
+        self.down |= lost
+        rnd = self.round
+        if rnd is None:
+            return Reaction()
+        gone = sorted(lost & rnd.waiting)
+        rnd.waiting -= lost
+        rnd.failed.extend(gone)
+        return self._close(msg.t) if gone and not rnd.waiting else Reaction()
+
+    # ---- round end --------------------------------------------------------------------------
+    def _close(self, t: float) -> Reaction:
+        rnd = self.round
+        if rnd is None:
+            return Reaction()
+        self.round = None
+        rnd.failed.extend(sorted(rnd.waiting))  # deadline: whoever has not answered
+        t_end = t + self.cfg.aggregate_s
+
+        def work():
+            new_state = rnd.average.result(self.global_state)
+
+            def advance() -> Reaction:
+                self.global_state = new_state
+                report = self._report(rnd, t_end)
+                last = rnd.index + 1 >= self.cfg.rounds
+                reaction = self._begin(rnd.index + 1, t_end) if not last else Reaction()
+                reaction.reports[:0] = [report] + ([{"type": "finished", "t": t_end}] if last else [])
+                return reaction
+
+            return advance
+
+        return Reaction(work_s=self.cfg.aggregate_s, work=work)
+
+    def _report(self, rnd: RoundState, t_end: float):
+        base: dict[str, Any] = {
+            "type": "round", "round": rnd.index, "t_start": rnd.t_start, "t_end": t_end,
+            "selected": len(rnd.selected), "completed": len(rnd.completed), "failed": len(rnd.failed),
+            "rejected": rnd.rejected, "train_loss": float(np.mean(rnd.losses)) if rnd.losses else None,
+        }
+        due = self.cfg.eval_every > 0 and (rnd.index % self.cfg.eval_every == 0 or rnd.index + 1 == self.cfg.rounds)
+        if not due:
+            return base
+        snapshot = self.global_state
+
+        def evaluated() -> dict[str, Any]:
+            load_numpy_state(self.eval_model, snapshot)
+            acc, loss = evaluate(self.eval_model, self.task.test, self.cfg.eval_max_samples)
+            return {**base, "accuracy": acc, "test_loss": loss}
+
+        return evaluated

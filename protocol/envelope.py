@@ -1,0 +1,72 @@
+"""The message envelope: a small msgpack map in the first ZMQ frame; payload frames follow raw.
+
+`op` is the transport verb (what the network does with the message); `kind` is the FL message
+kind carried by send/deliver (what the receiving actor does with it)."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+VERSION = 1
+MAX_ENVELOPE_BYTES = 1 << 20
+
+KINDS = frozenset({"start", "task", "update", "checkin", "stats", "gossip", "tick", "peer_down", "error"})
+
+_STR, _INT, _NUM, _MAP, _LIST = str, int, (int, float), dict, list
+_OPTIONAL = object()
+
+# op -> {field: type}; every field listed is required, no other field is allowed.
+SCHEMA: dict[str, dict[str, Any]] = {
+    "hello": {"peer": _STR, "actors": _LIST},
+    "send": {"src": _STR, "dst": (str, list), "kind": _STR, "round": _INT, "t": _NUM, "n": _INT, "body": _MAP,
+             "payload": _INT, "fp32": _INT},
+    "deliver": {"src": _STR, "dst": _STR, "kind": _STR, "round": _INT, "t": _NUM, "hold": _INT, "body": _MAP},
+    "done": {"actor": _STR, "hold": _INT, "busy_until": (int, float, type(None))},
+    "timer": {"actor": _STR, "at": _NUM, "tag": _STR},
+    "report": {"body": _MAP},
+    "record": {"body": _MAP},
+    "peer_lost": {"peer": _STR},
+    "stop": {},
+}
+
+
+class ProtocolError(ValueError):
+    """An envelope failed validation; the message names the failing check."""
+
+
+def pack(op: str, **fields: Any) -> bytes:
+    return msgpack.packb({"v": VERSION, "op": op, **fields}, use_bin_type=True)
+
+
+def unpack(frame: Any) -> dict[str, Any]:
+    """Decode and strictly validate an envelope frame."""
+    view = memoryview(frame)
+    if view.nbytes > MAX_ENVELOPE_BYTES:
+        raise ProtocolError(f"envelope is {view.nbytes} bytes, over the limit of {MAX_ENVELOPE_BYTES}")
+    try:
+        env = msgpack.unpackb(view, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise ProtocolError(f"envelope is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(env, dict):
+        raise ProtocolError("envelope is not a map")
+    if env.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {env.get('v')!r} unknown (this side speaks {VERSION})")
+    op = env.get("op")
+    schema = SCHEMA.get(op)
+    if schema is None:
+        raise ProtocolError(f"op {op!r} unknown")
+    extra = set(env) - set(schema) - {"v", "op"}
+    if extra:
+        raise ProtocolError(f"{op}: unexpected fields {sorted(extra)}")
+    for field, kind in schema.items():
+        if field not in env:
+            raise ProtocolError(f"{op}: field {field!r} missing")
+        value = env[field]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise ProtocolError(f"{op}: field {field!r} has the wrong type ({type(value).__name__})")
+    if "kind" in schema and env["kind"] not in KINDS:
+        raise ProtocolError(f"{op}: message kind {env['kind']!r} unknown")
+    if op == "send" and isinstance(env["dst"], list) and not all(isinstance(d, str) for d in env["dst"]):
+        raise ProtocolError("send: dst list must hold actor names")
+    return env
