@@ -9,6 +9,14 @@ import click
 from .scenario import ScenarioError, load_scenario
 
 
+def _fail(scenario: Path, exc: ScenarioError) -> None:
+    message = str(exc)
+    if not message.startswith(str(scenario)):
+        message = f"{scenario}: {message}"
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
 @click.group()
 def main() -> None:
     """A multi-process network emulator for federated learning."""
@@ -26,8 +34,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
         sc, resolved = load_scenario(scenario, list(overrides))
         summary = run_scenario(sc, resolved, out)
     except ScenarioError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _fail(scenario, exc)
     click.echo(
         f"{summary['status']}: {summary['rounds_completed']} rounds, emulated {summary['emulated_time_s']:.3f} s, "
         f"wall {summary['wall_time_s']:.1f} s, best accuracy {summary['best_accuracy']}, "
@@ -50,6 +57,5 @@ def validate(scenario: Path, overrides: tuple[str, ...]) -> None:
         sc, _ = load_scenario(scenario, list(overrides))
         build_world(sc)
     except ScenarioError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _fail(scenario, exc)
     click.echo(f"{scenario}: ok ({sc.population.clients} clients, {sc.rounds} rounds)")

@@ -14,12 +14,16 @@ from .runtime import Runtime
 from .server import ServerActor, ServerConfig
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
-def detach_from_terminal_signals(parent_pid: int) -> None:
-    """Die with the parent, and let the conductor alone decide about Ctrl-C."""
+def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
+    """Die with the parent, name the process (for ps and top), and let the conductor alone decide
+    about Ctrl-C."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_NAME, f"flemu-{name}"[:15].encode())
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent_pid:
@@ -30,7 +34,7 @@ def detach_from_terminal_signals(parent_pid: int) -> None:
 
 def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, up_codec: Codec,
               threads: int, seed: int, parent_pid: int) -> None:
-    detach_from_terminal_signals(parent_pid)
+    detach_from_terminal_signals(parent_pid, peer)
     torch.set_num_threads(threads)
     trainer = Trainer(task)
     actors = [ClientActor(profile, trainer, up_codec, seed) for profile in clients]
@@ -39,6 +43,6 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
 
 def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task: TaskSpec, threads: int,
                 parent_pid: int) -> None:
-    detach_from_terminal_signals(parent_pid)
+    detach_from_terminal_signals(parent_pid, "server")
     torch.set_num_threads(threads)
     Runtime("server", endpoint, [ServerActor(cfg, client_names, task)], parent_pid).run()

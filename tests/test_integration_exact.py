@@ -1,0 +1,107 @@
+"""Two clients on known links, real processes: every transfer time is checked against link
+arithmetic done by hand here, and the payload bytes against the parameter count."""
+import csv
+import json
+import math
+
+import pytest
+
+from conftest import run_cli, write_scenario
+
+MLP_PARAMS = 784 * 64 + 64 + 64 * 10 + 10  # 50,890
+LINKS = {  # name: (up bit/s, down bit/s, one-way latency s)
+    "slow": (1e6, 2e6, 0.050),
+    "fast": (4e6, 8e6, 0.020),
+}
+SERVER_LATENCY = 0.005
+MS_PER_SAMPLE = 10.0
+SAMPLES_PER_CLIENT = 100
+
+SCENARIO = f"""
+name: exact
+seed: 3
+rounds: 2
+task:
+  dataset: synthetic
+  model: mlp
+  synthetic: {{samples: 200, test_samples: 100, shape: [1, 28, 28], classes: 10}}
+population:
+  clients: 2
+  hosts: 2
+  devices: [{{ms_per_sample: {MS_PER_SAMPLE}}}]
+  links:
+    - {{name: slow, share: 0.5, up_mbps: 1, down_mbps: 2, latency_ms: 50}}
+    - {{name: fast, share: 0.5, up_mbps: 4, down_mbps: 8, latency_ms: 20}}
+server:
+  link: {{latency_ms: 5}}
+selection: {{clients_per_round: 2}}
+algorithm: {{local_epochs: 1, batch_size: 20, lr: 0.1}}
+eval: {{every: 1}}
+"""
+
+
+def link_bytes(wire: int) -> int:
+    return wire + math.ceil(wire / 1448) * 66
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("exact")
+    out = tmp / "run"
+    res = run_cli("run", str(write_scenario(tmp / "s.yaml", SCENARIO)), "--out", str(out), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_transfer_matches_link_arithmetic(run_dir):
+    link_of = {r["client"]: r["link"] for r in read_csv(run_dir / "population.csv")}
+    assert sorted(link_of.values()) == ["fast", "slow"]
+    transfers = read_csv(run_dir / "transfers.csv")
+    assert len(transfers) == 8  # 2 rounds x 2 clients x (task + update)
+    for tr in transfers:
+        wire = int(tr["wire_bytes"])
+        assert int(tr["payload_bytes"]) == MLP_PARAMS * 4
+        assert 0 < wire - MLP_PARAMS * 4 < 1024  # envelope + codec header only
+        assert int(tr["link_bytes"]) == link_bytes(wire)
+        client = tr["dst"] if tr["kind"] == "task" else tr["src"]
+        up, down, latency = LINKS[link_of[client]]
+        rate = down if tr["kind"] == "task" else up  # the server's link is unlimited
+        expected = link_bytes(wire) * 8 / rate + latency + SERVER_LATENCY
+        assert float(tr["t_end"]) - float(tr["t_start"]) == pytest.approx(expected, abs=1e-9)
+
+
+def test_round_times_are_the_critical_path(run_dir):
+    transfers = read_csv(run_dir / "transfers.csv")
+    rounds = read_csv(run_dir / "rounds.csv")
+    assert len(rounds) == 2
+    train_s = MS_PER_SAMPLE * SAMPLES_PER_CLIENT / 1000
+    t_round_start = 0.0
+    for r in rounds:
+        mine = [t for t in transfers if int(t["round"]) == int(r["round"])]
+        tasks = {t["dst"]: t for t in mine if t["kind"] == "task"}
+        updates = {t["src"]: t for t in mine if t["kind"] == "update"}
+        for client, task in tasks.items():
+            assert float(task["t_start"]) == pytest.approx(t_round_start, abs=1e-9)
+            # the upload starts exactly when modelled training ends
+            assert float(updates[client]["t_start"]) == pytest.approx(float(task["t_end"]) + train_s, abs=1e-9)
+        end = max(float(u["t_end"]) for u in updates.values())
+        assert float(r["t_end"]) == pytest.approx(end, abs=1e-9)
+        assert float(r["t_start"]) == pytest.approx(t_round_start, abs=1e-9)
+        t_round_start = end
+
+
+def test_payload_bytes_per_round(run_dir):
+    for r in read_csv(run_dir / "rounds.csv"):
+        assert int(r["selected"]) == int(r["completed"]) == 2
+        assert int(r["payload_bytes_down"]) == MLP_PARAMS * 4 * 2
+        assert int(r["payload_bytes_up"]) == MLP_PARAMS * 4 * 2
+        assert r["accuracy"] != ""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["payload_bytes_up"] == summary["payload_bytes_down"] == MLP_PARAMS * 4 * 2 * 2
+    assert summary["peak_rss_mib"] > 0 and summary["wall_time_s"] > 0

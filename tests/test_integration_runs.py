@@ -1,0 +1,118 @@
+"""Whole runs as real processes: determinism, learning, validation errors."""
+import csv
+import json
+
+import psutil
+import pytest
+
+from conftest import REPO, needs_mnist, run_cli, write_scenario
+
+SYNTH = """
+name: det
+seed: {seed}
+rounds: 3
+task:
+  dataset: synthetic
+  model: mlp
+  partition: {{kind: dirichlet, alpha: 0.5}}
+  synthetic: {{samples: 600, test_samples: 100}}
+population:
+  clients: 6
+  hosts: 2
+  devices:
+    - {{name: fast, share: 0.5, ms_per_sample: 2}}
+    - {{name: slow, share: 0.5, ms_per_sample: 9}}
+  links:
+    - {{name: a, share: 0.5, up_mbps: 3, down_mbps: 9, latency_ms: 30}}
+    - {{name: b, share: 0.5, up_mbps: 7, down_mbps: 15, latency_ms: 12}}
+server:
+  link: {{up_mbps: 10, down_mbps: 10, latency_ms: 2}}
+selection: {{clients_per_round: 3}}
+algorithm: {{local_epochs: 1, batch_size: 16}}
+eval: {{every: 0}}
+"""
+
+TIME_AND_BYTES = ["round", "t_start", "t_end", "selected", "completed", "payload_bytes_down", "payload_bytes_up",
+                  "wire_bytes_down", "wire_bytes_up"]
+
+
+def run_synth(tmp_path, name, seed):
+    out = tmp_path / name
+    res = run_cli("run", str(write_scenario(tmp_path / f"{name}.yaml", SYNTH.format(seed=seed))), "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    with open(out / "rounds.csv") as f:
+        rounds = [{k: r[k] for k in TIME_AND_BYTES} for r in csv.DictReader(f)]
+    with open(out / "transfers.csv") as f:
+        selected = [sorted((t["round"], t["dst"]) for t in csv.DictReader(f) if t["kind"] == "task")]
+    return rounds, selected
+
+
+def test_same_seed_same_times_and_bytes_other_seed_other_selection(tmp_path):
+    a_rounds, a_sel = run_synth(tmp_path, "a", 5)
+    b_rounds, b_sel = run_synth(tmp_path, "b", 5)
+    c_rounds, c_sel = run_synth(tmp_path, "c", 6)
+    assert len(a_rounds) == 3
+    assert a_rounds == b_rounds
+    assert a_sel == b_sel
+    assert a_sel != c_sel
+
+
+@needs_mnist
+def test_smoke_learns_mnist(tmp_path):
+    """The shipped smoke scenario: MNIST IID, 3 rounds, must reach 85% test accuracy."""
+    out = tmp_path / "smoke"
+    res = run_cli("run", str(REPO / "scenarios" / "smoke.yaml"), "--out", str(out), timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["best_accuracy"] >= 0.85
+    assert "round 3/3" in res.stdout
+
+
+BASE = {
+    "rounds": "rounds: 1",
+    "task": "task: {dataset: synthetic, model: mlp}",
+    "population": "population: {clients: 2, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, down_mbps: 1}]}",
+    "selection": "selection: {clients_per_round: 1}",
+}
+
+
+def scenario_text(**replace):
+    parts = {**BASE, **replace}
+    return "\n".join(v for v in parts.values() if v) + "\n"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (scenario_text(extra="colour: blue"), "colour: unknown key"),
+    (scenario_text(rounds="rounds: three"), "rounds: input should be a valid integer"),
+    (scenario_text(population="population: {clients: 2, devices: [{ms_per_sample: 1}], "
+                              "links: [{share: 1.5, up_mbps: 1, down_mbps: 1}]}"),
+     "population.links[0].share: must be <= 1, got 1.5"),
+    (scenario_text(task="task: {model: mlp}"), "task.dataset: required key is missing"),
+    (scenario_text(population="population: {clients: 2, devices: [{ms_per_sample: 1}], "
+                              "links: [{up_mbps: -5, down_mbps: 1}]}"),
+     "population.links[0].up_mbps: must be > 0, got -5"),
+    (scenario_text(task="task: {dataset: mnist, data_root: /nonexistent/data}"), "task.dataset: dataset 'mnist' not found"),
+    (scenario_text(extra="algorithm: {codec: {up: {name: int, bits: 40}}}"), "algorithm.codec.up"),
+])
+def test_malformed_scenarios_give_one_clear_error(tmp_path, text, expected):
+    path = write_scenario(tmp_path / "bad.yaml", text)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    res = run_cli("run", str(path), "--out", str(tmp_path / "out"), timeout=60)
+    assert res.returncode == 2
+    errors = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, res.stderr
+    assert expected in errors[0]
+    assert str(path) in errors[0]
+    assert "Traceback" not in res.stderr
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_command_accepts_good_and_sets(tmp_path):
+    path = write_scenario(tmp_path / "good.yaml", scenario_text())
+    res = run_cli("validate", str(path), "--set", "population.clients=3", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "3 clients" in res.stdout
+    res = run_cli("validate", str(path), "--set", "population.clients=0", timeout=60)
+    assert res.returncode == 2 and "population.clients: must be >= 1, got 0" in res.stderr

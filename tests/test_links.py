@@ -1,0 +1,37 @@
+import math
+
+import pytest
+
+from emulator.links import INF, FlowModel, Framing, max_min_rates
+
+
+def test_framing_tcp_ethernet_default():
+    f = Framing()
+    assert f.link_bytes(1448) == 1514
+    assert f.link_bytes(1449) == 1449 + 2 * 66
+    assert f.link_bytes(6_653_480) == 6_653_480 + math.ceil(6_653_480 / 1448) * 66
+
+
+def test_max_min_equal_share_and_bottleneck():
+    assert max_min_rates([["a"], ["a"]], {"a": 10}) == [5, 5]
+    # link c limits flow 2 to 1; then b leaves 3 for flow 0; a gives flow 1 the remaining 7
+    assert max_min_rates([["a", "b"], ["a"], ["b", "c"]], {"a": 10, "b": 4, "c": 1}) == [3, 7, 1]
+    assert max_min_rates([["x"]], {}) == [INF]
+
+
+def test_flow_model_two_then_three_flows_hand_computed():
+    # Two 1 MB (8e6 bit) flows through a 10 Mbit/s link: 5 Mbit/s each, both done at 1.6 s.
+    fm = FlowModel({"s": 10e6})
+    fm.add(1, 8e6, ["s"])
+    changed = dict((fid, t) for fid, t, _ in fm.add(2, 8e6, ["s"]))
+    assert changed == {1: pytest.approx(1.6), 2: pytest.approx(1.6)}
+    # A third joins at 0.8 s: flows 1, 2 have 4e6 bits left; rates drop to 10/3 Mbit/s.
+    fm.advance(0.8)
+    changed = {fid: t for fid, t, _ in fm.add(3, 8e6, ["s"])}
+    assert changed[1] == pytest.approx(2.0)  # 0.8 + 4e6 / (10e6 / 3)
+    assert changed[3] == pytest.approx(3.2)  # provisional: 0.8 + 8e6 / (10e6 / 3)
+    # At 2.0 s flows 1 and 2 finish; flow 3 has sent 1.2 s * 10/3 Mbit/s = 4e6 bits, the rest at 10 Mbit/s.
+    fm.advance(2.0)
+    fm.remove(1)
+    _, changed = fm.remove(2)
+    assert {fid: t for fid, t, _ in changed} == {3: pytest.approx(2.4)}
