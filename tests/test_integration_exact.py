@@ -105,3 +105,24 @@ def test_payload_bytes_per_round(run_dir):
     assert summary["status"] == "completed"
     assert summary["payload_bytes_up"] == summary["payload_bytes_down"] == MLP_PARAMS * 4 * 2 * 2
     assert summary["peak_rss_mib"] > 0 and summary["wall_time_s"] > 0
+
+
+def test_codec_per_direction_bytes_and_saving(tmp_path):
+    """int8 down, int4 up on real processes: exact packed payloads and the saving vs fp32."""
+    text = SCENARIO.replace(
+        "algorithm: {local_epochs: 1, batch_size: 20, lr: 0.1}",
+        "algorithm:\n  local_epochs: 1\n  batch_size: 20\n  lr: 0.1\n  codec:\n"
+        "    down: {name: int, bits: 8}\n    up: {name: int, bits: 4, rounding: nearest}",
+    )
+    assert "codec" in text
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", text)), "--out", str(out), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    tensors = [784 * 64, 64, 64 * 10, 10]
+    for r in read_csv(out / "rounds.csv"):
+        assert int(r["payload_bytes_down"]) == 2 * sum(math.ceil(n * 8 / 8) for n in tensors)
+        assert int(r["payload_bytes_up"]) == 2 * sum(math.ceil(n * 4 / 8) for n in tensors)
+        assert int(r["fp32_bytes_up"]) == int(r["fp32_bytes_down"]) == 2 * MLP_PARAMS * 4
+        assert int(r["completed"]) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["saving_vs_fp32"] == pytest.approx(1 - (8 + 4) / 64, abs=1e-4)

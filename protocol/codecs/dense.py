@@ -53,7 +53,7 @@ def quantize(x: np.ndarray, bits: int, stochastic: bool, per_filter: bool, rng: 
 
     code = q + qmax with q in [-qmax, qmax], qmax = 2^(b-1) - 1; x_hat = q * scale."""
     qmax = (1 << (bits - 1)) - 1
-    work = np.float64 if bits > 24 else np.float32  # float32 holds integers exactly only up to 2^24
+    work = np.float64 if bits > 16 else np.float32  # float32 y = x*s loses up to half a step beyond ~20 bits
     rows = slices_of(np.asarray(x, dtype=np.float32), per_filter)
     alpha = np.abs(rows).max(axis=1).astype(np.float64) + ALPHA_EPSILON if rows.size else np.ones(rows.shape[0])
     if not np.all(np.isfinite(alpha)):
@@ -72,7 +72,7 @@ def quantize(x: np.ndarray, bits: int, stochastic: bool, per_filter: bool, rng: 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray, bits: int, shape: tuple[int, ...]) -> np.ndarray:
     qmax = (1 << (bits - 1)) - 1
-    work = np.float64 if bits > 24 else np.float32
+    work = np.float64 if bits > 16 else np.float32
     values = codes.astype(work).reshape(scales.size, -1)
     values -= qmax
     values *= scales.astype(work)[:, None]
