@@ -205,7 +205,7 @@ class Conductor:
         if kind == "round":
             if self.startup_s is None:
                 self.startup_s = time.monotonic() - self.t0  # refined below when the round had a measured start
-            row = writer.round(body)
+            row = writer.round(body, time.monotonic() - self.t0)
             writer.write_summary("running", wall_time_s=time.monotonic() - self.t0)
             acc = f"  acc {row['accuracy']:.4f}" if row.get("accuracy") is not None else ""
             self.say(

@@ -16,7 +16,7 @@ SERVER = "server"
 
 TRANSFER_FIELDS = ["id", "round", "kind", "src", "dst", "payload_bytes", "fp32_bytes", "wire_bytes", "link_bytes",
                    "t_start", "t_end", "outcome", "wasted_bytes"]
-ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "selected", "completed", "failed", "rejected",
+ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "wall_s", "selected", "completed", "failed", "rejected",
                 "payload_bytes_down", "payload_bytes_up", "wire_bytes_down", "wire_bytes_up",
                 "fp32_bytes_down", "fp32_bytes_up", "wasted_bytes", "train_loss", "accuracy", "test_loss"]
 
@@ -58,11 +58,11 @@ class RunWriter:
                 sums[f"{kind}_bytes_{direction}"] += rec[f"{kind}_bytes"]
         sums["wasted_bytes"] += rec.get("wasted_bytes", 0)
 
-    def round(self, rep: dict) -> dict:
+    def round(self, rep: dict, wall_s: float) -> dict:
         sums = self.per_round.get(rep["round"], {})
         row = {
             "round": rep["round"], "t_start": rep["t_start"], "t_end": rep["t_end"],
-            "duration_s": rep["t_end"] - rep["t_start"],
+            "duration_s": rep["t_end"] - rep["t_start"], "wall_s": wall_s,
             **{k: rep.get(k) for k in ("selected", "completed", "failed", "rejected", "train_loss", "accuracy", "test_loss")},
             **{f: sums.get(f, 0) for f in ROUND_FIELDS if "bytes" in f},
         }
