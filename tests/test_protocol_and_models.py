@@ -1,0 +1,41 @@
+import msgpack
+import numpy as np
+import pytest
+
+from node.data import partition_dirichlet, partition_iid
+from node.models import build_model, count_parameters
+from protocol import envelope
+
+
+def test_mnist_cnn_has_exactly_1663370_parameters():
+    assert count_parameters(build_model("mnist_cnn", (1, 28, 28), 10)) == 1_663_370
+
+
+def test_envelope_round_trip_and_strict_rejections():
+    env = envelope.unpack(envelope.pack("timer", actor="c0001", at=1.5, tag="deadline:0"))
+    assert env["op"] == "timer" and env["at"] == 1.5
+    bad = [
+        (msgpack.packb({"v": 2, "op": "stop"}), "version 2 unknown"),
+        (msgpack.packb({"v": 1, "op": "teleport"}), "op 'teleport' unknown"),
+        (msgpack.packb({"v": 1, "op": "timer", "actor": "a", "at": 1.0}), "field 'tag' missing"),
+        (msgpack.packb({"v": 1, "op": "timer", "actor": "a", "at": "soon", "tag": "x"}), "'at' has the wrong type"),
+        (msgpack.packb({"v": 1, "op": "stop", "extra": 1}), "unexpected fields"),
+        (b"\xc1garbage", "not valid msgpack"),
+        (b"x" * (envelope.MAX_ENVELOPE_BYTES + 1), "over the limit"),
+    ]
+    for frame, message in bad:
+        with pytest.raises(envelope.ProtocolError, match=message):
+            envelope.unpack(frame)
+    with pytest.raises(envelope.ProtocolError, match="kind 'gossipx' unknown"):
+        envelope.unpack(envelope.pack("deliver", src="a", dst="b", kind="gossipx", round=0, t=0.0, hold=1, body={}))
+
+
+def test_partitions_cover_all_samples_once_and_are_seeded():
+    labels = np.repeat(np.arange(10), 100)
+    for shards in (partition_iid(1000, 7, np.random.default_rng(1)),
+                   partition_dirichlet(labels, 7, 0.3, np.random.default_rng(1), min_size=5)):
+        allidx = np.concatenate(shards)
+        assert np.array_equal(np.sort(allidx), np.arange(1000))
+    a = partition_dirichlet(labels, 7, 0.3, np.random.default_rng(2))
+    b = partition_dirichlet(labels, 7, 0.3, np.random.default_rng(2))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
