@@ -203,10 +203,11 @@ class Conductor:
     def _on_report(self, body: dict[str, Any], writer: RunWriter) -> bool:
         kind = body.get("type")
         if kind == "round":
-            if self.startup_s is None:
-                self.startup_s = time.monotonic() - self.t0  # refined below when the round had a measured start
-            row = writer.round(body, time.monotonic() - self.t0)
-            writer.write_summary("running", wall_time_s=time.monotonic() - self.t0)
+            wall = time.monotonic() - self.t0
+            if self.startup_s is None:  # only if the clock_started report was missed
+                self.startup_s = wall
+            row = writer.round(body, wall)
+            writer.write_summary("running", wall_time_s=wall)
             acc = f"  acc {row['accuracy']:.4f}" if row.get("accuracy") is not None else ""
             self.say(
                 f"round {row['round'] + 1}/{self.sc.rounds}  t={row['t_end']:.3f}s  "

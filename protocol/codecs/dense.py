@@ -48,12 +48,17 @@ def slices_of(x: np.ndarray, per_filter: bool) -> np.ndarray:
     return x.reshape(1, -1)
 
 
+def _work_dtype(bits: int) -> type:
+    """Arithmetic precision for b-bit quantization; encoder and decoder must agree on it."""
+    return np.float64 if bits > 16 else np.float32  # float32 y = x*s loses up to half a step beyond ~20 bits
+
+
 def quantize(x: np.ndarray, bits: int, stochastic: bool, per_filter: bool, rng: np.random.Generator):
     """Symmetric uniform quantization with z = 0. Returns (codes in [0, 2*qmax], scale per slice).
 
     code = q + qmax with q in [-qmax, qmax], qmax = 2^(b-1) - 1; x_hat = q * scale."""
     qmax = (1 << (bits - 1)) - 1
-    work = np.float64 if bits > 16 else np.float32  # float32 y = x*s loses up to half a step beyond ~20 bits
+    work = _work_dtype(bits)
     rows = slices_of(np.asarray(x, dtype=np.float32), per_filter)
     alpha = np.abs(rows).max(axis=1).astype(np.float64) + ALPHA_EPSILON if rows.size else np.ones(rows.shape[0])
     if not np.all(np.isfinite(alpha)):
@@ -72,7 +77,7 @@ def quantize(x: np.ndarray, bits: int, stochastic: bool, per_filter: bool, rng: 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray, bits: int, shape: tuple[int, ...]) -> np.ndarray:
     qmax = (1 << (bits - 1)) - 1
-    work = np.float64 if bits > 16 else np.float32
+    work = _work_dtype(bits)
     values = codes.astype(work).reshape(scales.size, -1)
     values -= qmax
     values *= scales.astype(work)[:, None]
