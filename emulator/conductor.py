@@ -73,7 +73,7 @@ class Conductor:
         links = {c.profile.name: c.link for c in world.clients}
         links[SERVER] = world.server_link
         hosts = [f"host{h}" for h in range(world.hosts)]
-        net_cfg = NetworkConfig(endpoint, [CONDUCTOR, SERVER, *hosts], links, world.framing, me)
+        net_cfg = NetworkConfig(endpoint, [CONDUCTOR, SERVER, *hosts], links, world.framing, me, world.faults)
         up_codec = make_codec(self.sc.algorithm.codec.up.model_dump())
         specs = [("network", "network", network_main, (net_cfg,)),
                  ("server", "server", server_main,

@@ -35,6 +35,25 @@ class Link:
     latency_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # "truncate"
+    actor: str
+    start: float
+    end: float
+
+    def active(self, actor: str, t: float) -> bool:
+        return actor == self.actor and self.start <= t < self.end
+
+
+def truncated(frames: list[Any]) -> list[Any]:
+    """The message with its last payload byte gone: what a cut-off or mis-framed message looks like."""
+    if not frames:
+        return frames
+    last = bytes(memoryview(frames[-1]).cast("B"))
+    return [*frames[:-1], last[:-1]]
+
+
 @dataclass
 class NetworkConfig:
     endpoint: str
@@ -42,6 +61,7 @@ class NetworkConfig:
     links: dict[str, Link]  # access link of each actor
     framing: Framing = field(default_factory=Framing)
     parent_pid: int | None = None
+    faults: list[Fault] = field(default_factory=list)
 
 
 @dataclass
@@ -148,7 +168,10 @@ class Network:
             return
         t = max(float(env["t"]), self.now)  # a send can never land in the past
         dsts = env["dst"] if isinstance(env["dst"], list) else [env["dst"]]
-        payload_frame_bytes = sum(f.buffer.nbytes for f in payload)
+        payload = [f.buffer for f in payload]
+        if any(f.kind == "truncate" and f.active(src, t) for f in self.cfg.faults):
+            payload = truncated(payload)
+        payload_frame_bytes = sum(memoryview(f).nbytes for f in payload)
         for i, dst in enumerate(dsts):
             deliver_env = {"src": src, "dst": dst, "kind": env["kind"], "round": env["round"], "t": 0.0, "body": env["body"]}
             unicast = envelope.pack("send", src=src, dst=dst, kind=env["kind"], round=env["round"], t=t, n=env["n"],

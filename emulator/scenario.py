@@ -142,6 +142,13 @@ class NetworkModel(Strict):
     per_transfer_bytes: int = Field(0, ge=0)
 
 
+class Fault(Strict):
+    kind: Literal["truncate"] = Field(description="truncate: every message the actor sends loses its last payload byte")
+    actor: str = Field(description="'server' or a client name such as c0003")
+    at_s: float = Field(0.0, ge=0, description="emulated time the fault starts")
+    duration_s: Optional[float] = Field(None, gt=0, description="null: until the end of the run")
+
+
 class Clock(Strict):
     mode: Literal["virtual"] = "virtual"
 
@@ -169,6 +176,7 @@ class Scenario(Strict):
     network: NetworkModel = Field(default_factory=NetworkModel)
     output: Output = Field(default_factory=Output)
     run: Run = Field(default_factory=Run)
+    faults: list[Fault] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _selection_fits(self):

@@ -12,7 +12,7 @@ from node.client import ClientProfile, TaskSpec
 from node.server import ServerConfig
 from protocol.codecs import make_codec
 from .links import INF, Framing
-from .network import Link
+from .network import Fault, Link
 from .scenario import Scenario, ScenarioError
 
 
@@ -34,6 +34,7 @@ class World:
     hosts: int
     threads_per_host: int
     framing: Framing
+    faults: list[Fault]
 
 
 def mix_counts(shares: list[float], total: int) -> list[int]:
@@ -101,6 +102,13 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], dev.ms_per_sample)
         link = Link(lk.up_mbps * 1e6, lk.down_mbps * 1e6, lk.latency_ms / 1000.0)
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link))
+    names = {c.profile.name for c in clients} | {"server"}
+    faults = []
+    for i, f in enumerate(sc.faults):
+        if f.actor not in names:
+            raise ScenarioError(f"faults[{i}].actor: no actor named {f.actor!r} (clients are c{0:0{width}d}..c{n - 1:0{width}d}, or 'server')")
+        end = INF if f.duration_s is None else f.at_s + f.duration_s
+        faults.append(Fault(f.kind, f.actor, f.at_s, end))
     alg = sc.algorithm
     server = ServerConfig(
         rounds=sc.rounds, clients_per_round=sc.selection.clients_per_round, epochs=alg.local_epochs,
@@ -114,4 +122,5 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0),
         server=server, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
+        faults=faults,
     )

@@ -1,11 +1,9 @@
 """Dense bit-packing of unsigned integer codes, LSB-first, into exactly ceil(n*b/8) bytes.
 
 Values form one little-endian bit stream: value i occupies bits [i*b, (i+1)*b).
-A record of m = 8/gcd(b, 8) values fills exactly m*b/8 whole bytes, so the stream is a
-sequence of identical records. Each record is assembled in the narrowest unsigned words
-that hold it (one uint8/uint32/uint64, or up to four uint64 for odd b > 8) with at most
-eight vectorised shift/or column operations, then the record bytes are cut out of the
-words. np.packbits on bit planes is several times slower.
+The stream is a sequence of identical records of a few values (see _layout), each assembled
+in unsigned words with one vectorised shift/or per value column. np.packbits on bit planes
+is several times slower.
 """
 from __future__ import annotations
 
@@ -31,12 +29,23 @@ def _check_bits(bits: int) -> None:
 
 
 def _layout(bits: int) -> tuple[int, int, np.dtype, int]:
-    """(values per record, bytes per record, word dtype, words per record)."""
+    """(values per record, bytes per record, word dtype, words per record).
+
+    Where few values suffice, a record fills whole words exactly and the words' bytes are the
+    stream (b = 2, 4 in one uint8; b = 12, 20, 28 as 16 values in b/4 uint64 words). Otherwise
+    (odd b, b = 6, 10, ...) a record is 8/gcd(b, 8) values in b/gcd(b, 8) bytes, built in the
+    narrowest words that hold it and cut out of them: fewer, wider columns beat exact records
+    of 32 or 64 values there."""
+    if 8 % bits == 0:
+        return 8 // bits, 1, np.dtype(np.uint8), 1
+    if 64 // math.gcd(bits, 64) <= 16:
+        per_record = 64 // math.gcd(bits, 64)
+        nwords = per_record * bits // 64
+        return per_record, nwords * 8, np.dtype(np.uint64), nwords
     per_record = 8 // math.gcd(bits, 8)
     record_bits = per_record * bits
-    for dtype in (np.uint8, np.uint32, np.uint64):
-        if record_bits <= np.dtype(dtype).itemsize * 8:
-            return per_record, record_bits // 8, np.dtype(dtype), 1
+    if record_bits <= 32:
+        return per_record, record_bits // 8, np.dtype(np.uint32), 1
     return per_record, record_bits // 8, np.dtype(np.uint64), -(-record_bits // 64)
 
 
@@ -88,10 +97,11 @@ def unpack(buf, n: int, bits: int) -> np.ndarray:
     per_record, record_bytes, word, nwords = _layout(bits)
     width = word.itemsize * 8
     rows = -(-n // per_record)
-    record = np.zeros((rows, nwords * word.itemsize), np.uint8)
-    if rows * record_bytes == raw.size and record.shape[1] == record_bytes:
-        record = raw.reshape(rows, record_bytes)
+    word_bytes = nwords * word.itemsize
+    if rows * record_bytes == raw.size and record_bytes == word_bytes:
+        record = np.ascontiguousarray(raw).reshape(rows, record_bytes)
     else:
+        record = np.zeros((rows, word_bytes), np.uint8)
         padded = np.zeros(rows * record_bytes, np.uint8)
         padded[: raw.size] = raw
         record[:, :record_bytes] = padded.reshape(rows, record_bytes)
