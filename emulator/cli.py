@@ -59,3 +59,22 @@ def validate(scenario: Path, overrides: tuple[str, ...]) -> None:
     except ScenarioError as exc:
         _fail(scenario, exc)
     click.echo(f"{scenario}: ok ({sc.population.clients} clients, {sc.rounds} rounds)")
+
+
+@main.command(name="compare")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--target", type=float, help="Accuracy (0-1) for time-to-target; default: each run's eval.target_accuracy.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+              help="Where compare.csv and compare.md go.")
+def compare_cmd(run_dirs: tuple[Path, ...], target: float | None, out: Path) -> None:
+    """Compare RUN_DIRS: best accuracy, payload GiB, saving vs fp32, emulated time, time to target."""
+    from .compare import CompareError, compare, markdown, write
+
+    try:
+        rows = compare(list(run_dirs), target)
+    except CompareError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(markdown(rows), nl=False)
+    csv_path, md_path = write(rows, out)
+    click.echo(f"written: {csv_path} {md_path}")

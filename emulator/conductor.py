@@ -18,7 +18,6 @@ import zmq
 
 from node.processes import host_main, server_main
 from protocol import envelope
-from protocol.codecs import make_codec
 from .network import CONDUCTOR, SERVER, Link, NetworkConfig, network_main
 from .results import RunWriter, fmt_bytes
 from .scenario import Scenario
@@ -73,15 +72,16 @@ class Conductor:
         links = {c.profile.name: c.link for c in world.clients}
         links[SERVER] = world.server_link
         hosts = [f"host{h}" for h in range(world.hosts)]
-        net_cfg = NetworkConfig(endpoint, [CONDUCTOR, SERVER, *hosts], links, world.framing, me, world.faults)
-        up_codec = make_codec(self.sc.algorithm.codec.up.model_dump())
+        clock = self.sc.clock
+        net_cfg = NetworkConfig(endpoint, [CONDUCTOR, SERVER, *hosts], links, world.framing, me, world.faults,
+                                clock.speedup if clock.mode == "realtime" else None)
         specs = [("network", "network", network_main, (net_cfg,)),
                  ("server", "server", server_main,
                   (endpoint, world.server, [c.profile.name for c in world.clients], world.task, 1, me))]
         for h, name in enumerate(hosts):
             profiles = [c.profile for c in world.clients if c.host == h]
             specs.append((name, "host", host_main,
-                          (name, endpoint, profiles, world.task, up_codec, world.threads_per_host, self.sc.seed, me)))
+                          (name, endpoint, profiles, world.task, world.client, world.threads_per_host, me)))
         for name, role, target, args in specs:
             proc = ctx.Process(target=target, args=args, name=f"flemu-{name}", daemon=False)
             proc.start()
@@ -116,6 +116,13 @@ class Conductor:
     # ---- the run -------------------------------------------------------------------------------
     def run(self, world: World) -> dict:
         writer = RunWriter(self.run_dir, self.resolved, population_rows(world))
+        p = world.client.privacy
+        writer.summary["privacy"] = {"mechanism": p.mechanism, "epsilon": None if p.epsilon == float("inf") else p.epsilon,
+                                     "delta": p.delta, "clip": p.clip, "noise_factor_c_T": p.factor}
+        writer.summary["clients_per_round"] = world.server.clients_per_round
+        clock = self.sc.clock
+        writer.summary["clock"] = {"mode": clock.mode, **({"speedup": clock.speedup, "lag_bound_s": clock.lag_bound_s}
+                                                           if clock.mode == "realtime" else {})}
         ipc_dir = tempfile.mkdtemp(prefix="flemu-")
         os.chmod(ipc_dir, 0o700)
         endpoint = f"ipc://{ipc_dir}/network"
@@ -207,12 +214,18 @@ class Conductor:
             if self.startup_s is None:  # only if the clock_started report was missed
                 self.startup_s = wall
             row = writer.round(body, wall)
+            lag = ""
+            if body.get("lag"):
+                clock = writer.summary["clock"]
+                clock["lag"] = body["lag"]
+                clock["faithful"] = body["lag"]["max_s"] <= self.sc.clock.lag_bound_s
+                lag = f"  lag p99 {1000 * body['lag']['p99_s']:.1f} ms"
             writer.write_summary("running", wall_time_s=wall)
             acc = f"  acc {row['accuracy']:.4f}" if row.get("accuracy") is not None else ""
             self.say(
                 f"round {row['round'] + 1}/{self.sc.rounds}  t={row['t_end']:.3f}s  "
                 f"ok {row['completed']}/{row['selected']} failed {row['failed']}  "
-                f"down {fmt_bytes(row['payload_bytes_down'])} up {fmt_bytes(row['payload_bytes_up'])}{acc}"
+                f"down {fmt_bytes(row['payload_bytes_down'])} up {fmt_bytes(row['payload_bytes_up'])}{acc}{lag}"
             )
         elif kind == "clock_started":
             self.startup_s = time.monotonic() - self.t0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 import sys
 import time
@@ -62,6 +63,24 @@ class NetworkConfig:
     framing: Framing = field(default_factory=Framing)
     parent_pid: int | None = None
     faults: list[Fault] = field(default_factory=list)
+    realtime_speedup: float | None = None  # None: virtual time (jump to the next event)
+
+
+class LagMeter:
+    """Realtime mode: how late (wall seconds) each event ran against its due wall time t0 + t/k."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+
+    def add(self, lateness: float) -> None:
+        self.samples.append(max(0.0, lateness))
+
+    def stats(self) -> dict[str, float]:
+        if not self.samples:
+            return {"events": 0, "mean_s": 0.0, "p99_s": 0.0, "max_s": 0.0}
+        ordered = sorted(self.samples)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        return {"events": len(ordered), "mean_s": sum(ordered) / len(ordered), "p99_s": p99, "max_s": ordered[-1]}
 
 
 @dataclass
@@ -105,6 +124,8 @@ class Network:
         self.started = False
         self.stopping = False
         self.rejected = 0
+        self.wall_start: float | None = None  # realtime mode: wall clock at emulated time 0
+        self.lag = LagMeter()
 
     def _capacities(self) -> dict[tuple[str, str], float]:
         caps = {}
@@ -138,6 +159,7 @@ class Network:
                 self.actor_peer[actor] = peer
             if not self.started and set(self.cfg.peers) <= set(self.peer_actors):
                 self.started = True
+                self.wall_start = time.monotonic()
                 self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})
                 self.push(0.0, DELIVER, "", next(self.net_counter), 0, ("deliver", self._net_message(SERVER, "start", {})))
         elif op == "send":
@@ -149,7 +171,8 @@ class Network:
                 at = max(float(env["at"]), self.now)
                 self.push(at, TIMER, env["actor"], next(self.net_counter), 0, ("tick", env["actor"], env["tag"]))
         elif op == "report":
-            self.to_conductor("report", {**env["body"], "t_net": self.now})
+            extra = {"lag": self.lag.stats()} if self.cfg.realtime_speedup else {}
+            self.to_conductor("report", {**env["body"], "t_net": self.now, **extra})
         elif op == "peer_lost" and peer == CONDUCTOR:
             self._on_peer_lost(env["peer"])
         elif op == "stop" and peer == CONDUCTOR:
@@ -206,10 +229,19 @@ class Network:
         return {"src": "network", "dst": dst, "kind": kind, "round": -1, "t": 0.0, "body": body}, []
 
     # ---- events --------------------------------------------------------------------------------
+    def due_in(self) -> float:
+        """Realtime mode: wall seconds until the next event is due (0 in virtual mode)."""
+        if not self.cfg.realtime_speedup or not self.queue or self.wall_start is None:
+            return 0.0
+        return self.wall_start + self.queue[0][0] / self.cfg.realtime_speedup - time.monotonic()
+
     def step(self, sock: zmq.Socket) -> bool:
-        """Process at most one event; False when the lower bound forbids it or the queue is empty."""
-        if not self.queue or self.queue[0][0] >= self.lower_bound():
+        """Process at most one event; False when the lower bound forbids it, the queue is empty, or
+        (realtime) the event is not yet due."""
+        if not self.queue or self.queue[0][0] >= self.lower_bound() or self.due_in() > 0:
             return False
+        if self.cfg.realtime_speedup:
+            self.lag.add(-self.due_in())
         t, _, _, _, _, event = heapq.heappop(self.queue)
         self.now = max(self.now, t)
         kind = event[0]
@@ -284,7 +316,9 @@ class Network:
         self._outbox: list[bytes] = []
         try:
             while not self.stopping:
-                timeout = 0 if (self.queue and self.queue[0][0] < self.lower_bound()) else POLL_MS
+                timeout = POLL_MS
+                if self.queue and self.queue[0][0] < self.lower_bound():
+                    timeout = min(POLL_MS, max(0, math.ceil(self.due_in() * 1000)))
                 if sock.poll(timeout):
                     while sock.poll(0):
                         frames = sock.recv_multipart(copy=False)

@@ -18,7 +18,11 @@ TRANSFER_FIELDS = ["id", "round", "kind", "src", "dst", "payload_bytes", "fp32_b
                    "t_start", "t_end", "outcome", "wasted_bytes"]
 ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "wall_s", "selected", "completed", "failed", "rejected",
                 "payload_bytes_down", "payload_bytes_up", "wire_bytes_down", "wire_bytes_up",
-                "fp32_bytes_down", "fp32_bytes_up", "wasted_bytes", "train_loss", "accuracy", "test_loss"]
+                "fp32_bytes_down", "fp32_bytes_up", "wasted_bytes", "bits_down", "bits_up_mean", "noise_scale_mean",
+                "train_loss", "accuracy", "test_loss"]
+CLIENT_FIELDS = ["round", "client", "outcome", "samples", "download_start", "download_end", "upload_start", "upload_end",
+                 "payload_bytes_down", "payload_bytes_up", "bits_down", "bits_up", "nu", "loss", "lipschitz",
+                 "sensitivity", "noise_scale"]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -43,7 +47,11 @@ class RunWriter:
         self._rounds = csv.DictWriter(self._rounds_file, fieldnames=ROUND_FIELDS)
         self._rounds.writeheader()
         self._rounds_file.flush()
+        self._clients_file = open(self.dir / "clients.csv", "w", newline="")
+        self._clients = csv.DictWriter(self._clients_file, fieldnames=CLIENT_FIELDS)
+        self._clients.writeheader()
         self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.per_client: dict[tuple[int, str], dict[str, Any]] = {}
         self.rows: list[dict] = []
         self.incidents: list[dict] = []
         self.summary: dict[str, Any] = {"scenario": scenario.get("name"), "status": "running"}
@@ -57,19 +65,40 @@ class RunWriter:
             for kind in ("payload", "wire", "fp32"):
                 sums[f"{kind}_bytes_{direction}"] += rec[f"{kind}_bytes"]
         sums["wasted_bytes"] += rec.get("wasted_bytes", 0)
+        if direction != "peer" and rec["kind"] in ("task", "update"):
+            client = rec["dst"] if direction == "down" else rec["src"]
+            entry = self.per_client.setdefault((rec["round"], client), {})
+            entry[f"{'download' if direction == 'down' else 'upload'}_start"] = rec["t_start"]
+            if rec["outcome"] == "ok":
+                entry[f"{'download' if direction == 'down' else 'upload'}_end"] = rec["t_end"]
+                entry[f"payload_bytes_{direction}"] = rec["payload_bytes"]
 
     def round(self, rep: dict, wall_s: float) -> dict:
         sums = self.per_round.get(rep["round"], {})
+        clients = [self._client_row(rep, c) for c in rep.get("clients", [])]
+        ok = [c for c in clients if c["outcome"] == "ok"]
+        mean = lambda key: (sum(c[key] for c in ok) / len(ok)) if ok and all(c.get(key) is not None for c in ok) else None  # noqa: E731
         row = {
             "round": rep["round"], "t_start": rep["t_start"], "t_end": rep["t_end"],
             "duration_s": rep["t_end"] - rep["t_start"], "wall_s": wall_s,
-            **{k: rep.get(k) for k in ("selected", "completed", "failed", "rejected", "train_loss", "accuracy", "test_loss")},
+            **{k: rep.get(k) for k in ("selected", "completed", "failed", "rejected", "train_loss", "accuracy", "test_loss",
+                                       "bits_down")},
+            "bits_up_mean": mean("bits_up"), "noise_scale_mean": mean("noise_scale"),
             **{f: sums.get(f, 0) for f in ROUND_FIELDS if "bytes" in f},
         }
         self.rows.append(row)
         self._rounds.writerow(row)
-        self._rounds_file.flush()
-        self._transfers_file.flush()
+        self._clients.writerows(clients)
+        for f in (self._rounds_file, self._transfers_file, self._clients_file):
+            f.flush()
+        return row
+
+    def _client_row(self, rep: dict, reported: dict) -> dict:
+        timing = self.per_client.pop((rep["round"], reported["client"]), {})
+        row = {key: None for key in CLIENT_FIELDS}
+        row.update(round=rep["round"], bits_down=rep.get("bits_down"), **timing)
+        row.update({k: v for k, v in reported.items() if k in CLIENT_FIELDS})
+        row["bits_up"] = reported.get("bits")
         return row
 
     def incident(self, what: str, **details: Any) -> None:
@@ -102,6 +131,9 @@ class RunWriter:
             "wire_bytes_down": total("wire_bytes_down"),
             "wasted_bytes": total("wasted_bytes"),
             "saving_vs_fp32": (1 - payload / fp32) if fp32 else None,
+            "mean_bits_down": _mean(r.get("bits_down") for r in rows),
+            "mean_bits_up": _mean(r.get("bits_up_mean") for r in rows),
+            "mean_noise_scale": _mean(r.get("noise_scale_mean") for r in rows),
             "client_updates_ok": total("completed"),
             "client_updates_failed": total("failed"),
             "incidents": self.incidents,
@@ -111,9 +143,14 @@ class RunWriter:
         return self.summary
 
     def close(self) -> None:
-        for f in (self._transfers_file, self._rounds_file):
+        for f in (self._transfers_file, self._rounds_file, self._clients_file):
             if not f.closed:
                 f.close()
+
+
+def _mean(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 def fmt_bytes(n: float) -> str:

@@ -63,9 +63,11 @@ class Population(Strict):
 
 
 class Partition(Strict):
-    kind: Literal["iid", "dirichlet"] = "iid"
-    alpha: float = Field(0.5, gt=0)
-    min_size: int = Field(1, ge=1)
+    kind: Literal["iid", "dirichlet", "by_user"] = "iid"
+    alpha: float = Field(0.5, gt=0, description="dirichlet concentration")
+    min_size: int = Field(1, ge=1, description="dirichlet: redraw until every client has this many samples")
+    users: int = Field(1000, ge=1, description="by_user: users of two labels each, merged round-robin into clients")
+    size_sigma: float = Field(1.0, ge=0, description="by_user: log-normal spread of user sizes")
 
 
 class Synthetic(Strict):
@@ -77,7 +79,7 @@ class Synthetic(Strict):
 
 class Task(Strict):
     dataset: Literal["mnist", "fashion_mnist", "synthetic"]
-    model: Literal["mnist_cnn", "mlp"] = "mnist_cnn"
+    model: Literal["mnist_cnn", "mlp", "vgg7"] = "mnist_cnn"
     partition: Partition = Field(default_factory=Partition)
     data_root: Optional[str] = None
     download: bool = False
@@ -96,8 +98,18 @@ class Server(Strict):
 
 
 class Selection(Strict):
-    clients_per_round: int = Field(ge=1)
+    clients_per_round: Optional[int] = Field(None, ge=1, description="P; or give fraction")
+    fraction: Optional[float] = Field(None, gt=0, le=1, description="P = max(1, round(fraction * clients))")
     policy: Literal["random"] = "random"
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.clients_per_round is None) == (self.fraction is None):
+            raise ValueError("give exactly one of clients_per_round and fraction")
+        return self
+
+    def per_round(self, clients: int) -> int:
+        return self.clients_per_round or max(1, round(self.fraction * clients))
 
 
 class RoundPolicy(Strict):
@@ -122,12 +134,56 @@ class Codecs(Strict):
     up: CodecSpec = Field(default_factory=lambda: CodecSpec(name="fp32"))
 
 
+class Quantization(Strict):
+    schedule: Literal["static", "cosine", "dynamic"] = Field(
+        "static", description="static: the codecs' own bits; cosine: Eq. 1.5/1.6; dynamic: cosine x importance (Eq. 1.7)")
+    b_min: int = Field(8, ge=2, le=32)
+    b_max: int = Field(32, ge=2, le=32)
+    lambda_h: float = Field(0.5, ge=0, le=1, description="entropy weight of Eq. 1.7 (released script 0.5; paper text 0.75)")
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.b_min > self.b_max:
+            raise ValueError(f"b_min ({self.b_min}) exceeds b_max ({self.b_max})")
+        return self
+
+
+class PrivacySpec(Strict):
+    mechanism: Literal["none", "laplace", "gaussian"] = "none"
+    epsilon: Optional[float] = Field(None, gt=0)
+    delta: float = Field(0.0, ge=0, lt=1, description="gaussian only")
+    clip: Optional[float] = Field(None, gt=0, description="gradient-norm threshold xi: L1 for laplace, L2 for gaussian")
+    noise_factor: Literal["code", "paper"] = Field("code", description="c_T of Eq. 1.11: code (T/E)(P/N), paper T/P")
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.mechanism != "none":
+            if self.epsilon is None or self.clip is None:
+                raise ValueError(f"mechanism {self.mechanism} needs epsilon and clip")
+            if self.mechanism == "gaussian" and self.delta <= 0:
+                raise ValueError("mechanism gaussian needs 0 < delta < 1")
+        return self
+
+
 class Algorithm(Strict):
     name: Literal["fedavg"] = "fedavg"
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
+    train: bool = Field(True, description="false: communication only; clients return the model unchanged")
+    shuffle: Literal["every_epoch", "once"] = Field("every_epoch", description="once: fixed batches replayed every epoch")
     codec: Codecs = Field(default_factory=Codecs)
+    quantization: Quantization = Field(default_factory=Quantization)
+    privacy: PrivacySpec = Field(default_factory=PrivacySpec)
+
+    @model_validator(mode="after")
+    def _adaptive_needs_int(self):
+        if self.quantization.schedule != "static":
+            for direction in ("down", "up"):
+                if getattr(self.codec, direction).name != "int":
+                    raise ValueError(f"quantization.schedule {self.quantization.schedule} sets the bits of int codecs; "
+                                     f"codec.{direction} is {getattr(self.codec, direction).name!r}")
+        return self
 
 
 class Eval(Strict):
@@ -150,7 +206,9 @@ class Fault(Strict):
 
 
 class Clock(Strict):
-    mode: Literal["virtual"] = "virtual"
+    mode: Literal["virtual", "realtime"] = "virtual"
+    speedup: float = Field(1.0, gt=0, description="realtime: emulated seconds per wall second")
+    lag_bound_s: float = Field(0.1, gt=0, description="realtime: a run whose worst lag exceeds this (wall s) is not faithful")
 
 
 class Output(Strict):
@@ -180,7 +238,7 @@ class Scenario(Strict):
 
     @model_validator(mode="after")
     def _selection_fits(self):
-        if self.selection.clients_per_round > self.population.clients:
+        if (self.selection.clients_per_round or 0) > self.population.clients:
             raise ValueError(
                 f"selection.clients_per_round ({self.selection.clients_per_round}) exceeds population.clients ({self.population.clients})"
             )

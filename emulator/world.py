@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from node import data as datasets
-from node.client import ClientProfile, TaskSpec
+from node.client import ClientConfig, ClientProfile, Privacy, TaskSpec
+from node.privacy import noise_factor
+from node.schedule import BitSchedule
 from node.server import ServerConfig
 from protocol.codecs import make_codec
 from .links import INF, Framing
@@ -31,6 +33,7 @@ class World:
     clients: list[ClientInfo]
     server_link: Link
     server: ServerConfig
+    client: ClientConfig
     hosts: int
     threads_per_host: int
     framing: Framing
@@ -84,6 +87,11 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     part = sc.task.partition
     if part.kind == "iid":
         shards = datasets.partition_iid(labels.size, n, rng)
+    elif part.kind == "by_user":
+        try:
+            shards = datasets.partition_by_user(labels, n, part.users, sc.seed, part.size_sigma)
+        except datasets.DataError as exc:
+            raise ScenarioError(f"task.partition: {exc}") from None
     else:
         try:
             shards = datasets.partition_dirichlet(labels, n, part.alpha, rng, part.min_size)
@@ -110,17 +118,26 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         end = INF if f.duration_s is None else f.at_s + f.duration_s
         faults.append(Fault(f.kind, f.actor, f.at_s, end))
     alg = sc.algorithm
+    per_round = sc.selection.per_round(n)
+    q = alg.quantization
+    schedule = BitSchedule(q.schedule, sc.rounds, q.b_min, q.b_max)
     server = ServerConfig(
-        rounds=sc.rounds, clients_per_round=sc.selection.clients_per_round, epochs=alg.local_epochs,
+        rounds=sc.rounds, clients_per_round=per_round, epochs=alg.local_epochs,
         batch_size=alg.batch_size, lr=alg.lr, down_codec=make_codec(alg.codec.down.model_dump()), seed=sc.seed,
         eval_every=sc.eval.every, eval_max_samples=sc.eval.max_samples, round_timeout_s=sc.round.timeout_s,
-        aggregate_s=sc.server.aggregate_ms / 1000.0,
+        aggregate_s=sc.server.aggregate_ms / 1000.0, schedule=schedule,
+        samples={c.profile.name: int(c.profile.indices.size) for c in clients},
     )
+    dp = alg.privacy
+    privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
+                      noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n))
+    client = ClientConfig(make_codec(alg.codec.up.model_dump()), sc.seed, schedule, q.lambda_h, privacy,
+                          alg.train, alg.shuffle)
     sl = sc.server.link
     return World(
         task=task, clients=clients,
         server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0),
-        server=server, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
+        server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
         faults=faults,
     )

@@ -1,9 +1,12 @@
 """The client actor: receive the global model, declare the modelled training time, train for
-real, send the model back."""
+real (with the core paper's local DP when configured), send the model back with this round's
+bit-length. The order is Algorithm 1 of ALGORITHMS.md 1.1: dequantize, train with clipping,
+add noise to the weights, quantize, upload."""
 from __future__ import annotations
 
+import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -12,7 +15,9 @@ from protocol.codecs import Codec, CodecError, decode_state, encode_state
 from .actor import Message, Reaction, Send
 from .data import Dataset
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
-from .training import train_sgd
+from .privacy import add_noise, noise_scale, sensitivity
+from .schedule import BitSchedule, importance
+from .training import LocalTraining, TrainingResult, train_local
 
 
 @dataclass
@@ -34,6 +39,30 @@ class TaskSpec:
         return build_model(self.model, self.train.input_shape, self.train.classes, seed=self.seed)
 
 
+@dataclass(frozen=True)
+class Privacy:
+    mechanism: str = "none"  # none | laplace | gaussian
+    epsilon: float = math.inf
+    delta: float = 0.0
+    clip: float | None = None  # xi; L1 for laplace, L2 for gaussian
+    factor: float = 1.0  # c_T of Eq. 1.11, already resolved for this run
+
+    @property
+    def clip_norm(self) -> float:
+        return 2.0 if self.mechanism == "gaussian" else 1.0
+
+
+@dataclass
+class ClientConfig:
+    up_codec: Codec
+    seed: int
+    schedule: BitSchedule = field(default_factory=BitSchedule)
+    lambda_h: float = 0.5
+    privacy: Privacy = field(default_factory=Privacy)
+    train: bool = True  # False: communication only, the received model goes back re-encoded
+    shuffle: str = "every_epoch"
+
+
 class Trainer:
     """One model instance shared by every client actor of a host (they train one at a time)."""
 
@@ -42,10 +71,10 @@ class Trainer:
         self.model = task.build()
         self.spec = state_spec(self.model)
 
-    def train(self, state, indices, epochs, batch_size, lr, rng) -> tuple[dict[str, np.ndarray], float]:
+    def train(self, state, indices, cfg: LocalTraining, rng, fixed_order=None) -> tuple[dict[str, np.ndarray], TrainingResult]:
         load_numpy_state(self.model, state)
-        loss = train_sgd(self.model, self.task.train, indices, epochs, batch_size, lr, rng)
-        return state_to_numpy(self.model), loss
+        result = train_local(self.model, self.task.train, indices, cfg, rng, fixed_order)
+        return state_to_numpy(self.model), result
 
 
 def training_seconds(ms_per_sample: float, samples: int, epochs: int) -> float:
@@ -53,13 +82,19 @@ def training_seconds(ms_per_sample: float, samples: int, epochs: int) -> float:
 
 
 class ClientActor:
-    def __init__(self, profile: ClientProfile, trainer: Trainer, up_codec: Codec, seed: int):
+    def __init__(self, profile: ClientProfile, trainer: Trainer, cfg: ClientConfig):
         self.name = profile.name
         self.profile = profile
         self.trainer = trainer
-        self.up_codec = up_codec
-        self.seed = seed
+        self.cfg = cfg
         self.rejected = 0
+        self.labels = trainer.task.train.y.numpy()[profile.indices]
+        self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(profile.indices)
+
+    def _reject(self, msg: Message, error: str) -> Reaction:
+        self.rejected += 1
+        print(f"[{self.name}] rejected task of round {msg.round}: {error}", file=sys.stderr)
+        return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": error}])
 
     def react(self, msg: Message) -> Reaction:
         if msg.kind != "task":
@@ -67,24 +102,49 @@ class ClientActor:
         try:
             state, basis = decode_state(msg.frames, self.trainer.spec)
         except CodecError as exc:
-            self.rejected += 1
-            print(f"[{self.name}] rejected task of round {msg.round}: {exc}", file=sys.stderr)
-            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": str(exc)}])
+            return self._reject(msg, str(exc))
         if basis != "weights":
-            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": "task must carry weights"}])
-        epochs, batch_size, lr = int(msg.body["epochs"]), int(msg.body["batch_size"]), float(msg.body["lr"])
+            return self._reject(msg, "task must carry weights")
+        body = msg.body
+        local = LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
+                              clip=self.cfg.privacy.clip, clip_norm=self.cfg.privacy.clip_norm,
+                              estimate_lipschitz=self.cfg.privacy.mechanism != "none", shuffle=self.cfg.shuffle)
         samples = int(self.profile.indices.size)
-        rng = np.random.default_rng([self.seed, msg.round, self.profile.index])
+        rng = np.random.default_rng([self.cfg.seed, msg.round, self.profile.index])
+        nu = 1.0
+        if self.cfg.schedule.kind == "dynamic":
+            nu = importance(self.labels, self.trainer.task.train.classes, samples, int(body.get("n_max", samples)),
+                            self.cfg.lambda_h)
+        codec = self.cfg.up_codec
+        bits = getattr(codec, "bits", None)
+        if self.cfg.schedule.adaptive:
+            bits = self.cfg.schedule.client_bits(msg.round, bits, nu)
+            codec = codec.with_bits(bits)
 
         def work() -> Reaction:
-            new_state, loss = self.trainer.train(state, self.profile.indices, epochs, batch_size, lr, rng)
-            if self.up_codec.encodes_delta:
-                payload = {k: new_state[k] - state[k] for k in new_state}
-                encoded = encode_state(payload, self.up_codec, rng, basis="delta")
+            info = {"samples": samples, "bits": bits, "nu": nu}
+            if self.cfg.train:
+                new_state, result = self.trainer.train(state, self.profile.indices, local, rng, self.fixed_order)
+                info["loss"] = result.loss
+                new_state = self._privatize(new_state, result, local, rng, info)
             else:
-                encoded = encode_state(new_state, self.up_codec, rng)
-            body = {"samples": samples, "loss": loss}
-            return Reaction(sends=[Send("server", "update", msg.round, body, encoded.frames,
+                new_state = state
+            if codec.encodes_delta:
+                payload = {k: new_state[k] - state[k] for k in new_state}
+                encoded = encode_state(payload, codec, rng, basis="delta")
+            else:
+                encoded = encode_state(new_state, codec, rng)
+            return Reaction(sends=[Send("server", "update", msg.round, info, encoded.frames,
                                        encoded.payload_bytes, encoded.fp32_bytes)])
 
-        return Reaction(work_s=training_seconds(self.profile.ms_per_sample, samples, epochs), work=work)
+        return Reaction(work_s=training_seconds(self.profile.ms_per_sample, samples, local.epochs), work=work)
+
+    def _privatize(self, state, result: TrainingResult, local: LocalTraining, rng, info: dict):
+        """Eq. 1.10-1.11: sensitivity from this round's Lipschitz estimate, then noise on the weights."""
+        p = self.cfg.privacy
+        if p.mechanism == "none":
+            return state
+        sens = sensitivity(result.samples_seen, result.lipschitz, local.lr, local.epochs, p.clip)
+        scale = noise_scale(p.mechanism, sens, p.factor, p.epsilon, p.delta)
+        info.update(lipschitz=result.lipschitz, sensitivity=sens, noise_scale=scale)
+        return add_noise(state, p.mechanism, scale, rng)

@@ -99,3 +99,43 @@ def partition_dirichlet(labels: np.ndarray, clients: int, alpha: float, rng: np.
         if min(s.size for s in shards) >= min_size:
             return shards
     raise DataError(f"Dirichlet(alpha={alpha}) could not give each of {clients} clients {min_size} samples; raise alpha or lower clients")
+
+
+def by_user_labels(users: int, classes: int) -> list[tuple[int, int]]:
+    """The two labels of each user: user u holds u mod K and (u mod K + 1 + (u div K) mod (K-1)) mod K.
+
+    For users = 1000 and K = 10 every label is held by exactly 200 users, 100 as the first label
+    and 100 as the second, and no user holds one label twice."""
+    return [(u % classes, (u % classes + 1 + (u // classes) % (classes - 1)) % classes) for u in range(users)]
+
+
+def partition_by_user(labels: np.ndarray, clients: int, users: int = 1000, seed: int = 0, size_sigma: float = 1.0) -> list[np.ndarray]:
+    """The FedML MNIST split rebuilt from the training set (ALGORITHMS.md 1.7): `users` users with
+    two labels each, then user j merged into client j mod N.
+
+    Each label's samples are shuffled (numpy seed `seed`) and cut among the users holding it into
+    pieces of log-normal relative size (sigma `size_sigma`, at least 2 samples each), which gives
+    LEAF-like unequal user sizes. Deterministic for a given training set, users and seed."""
+    classes = int(labels.max()) + 1
+    if clients > users:
+        raise DataError(f"the by-user partition has {users} users; cannot make {clients} clients (raise task.partition.users)")
+    rng = np.random.default_rng(seed)
+    holders: list[list[int]] = [[] for _ in range(classes)]
+    for u, pair in enumerate(by_user_labels(users, classes)):
+        for c in pair:
+            holders[c].append(u)
+    parts: list[list[np.ndarray]] = [[] for _ in range(users)]
+    for c in range(classes):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        k = len(holders[c])
+        if idx.size < 2 * k:
+            raise DataError(f"label {c} has {idx.size} samples, fewer than 2 for each of its {k} users")
+        weights = rng.lognormal(0.0, size_sigma, k)
+        sizes = 2 + np.floor(weights / weights.sum() * (idx.size - 2 * k)).astype(int)
+        sizes[: idx.size - sizes.sum()] += 1  # hand out the rounding remainder
+        for u, chunk in zip(holders[c], np.split(idx, np.cumsum(sizes)[:-1])):
+            parts[u].append(chunk)
+    merged: list[list[np.ndarray]] = [[] for _ in range(clients)]
+    for u in range(users):
+        merged[u % clients].extend(parts[u])
+    return [np.sort(np.concatenate(m)) for m in merged]

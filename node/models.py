@@ -33,7 +33,29 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-MODELS = ("mnist_cnn", "mlp")
+class VGG7(nn.Module):
+    """VGG7(bn=True) of ALGORITHMS.md 1.7: 4 conv + 3 FC, 325,002 trainable parameters for 3x32x32."""
+
+    def __init__(self, in_channels: int = 3, classes: int = 10):
+        super().__init__()
+
+        def block(cin, cout, pool):
+            layers = [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+            return layers + ([nn.MaxPool2d(2)] if pool else [])
+
+        self.features = nn.Sequential(
+            *block(in_channels, 32, True), *block(32, 64, True), *block(64, 128, False), *block(128, 128, True),
+            nn.AdaptiveAvgPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(512, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+MODELS = ("mnist_cnn", "mlp", "vgg7")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int = 0) -> nn.Module:
@@ -44,6 +66,10 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
         return MnistCNN(input_shape[0], classes, input_shape[1])
     if name == "mlp":
         return MLP(int(np.prod(input_shape)), classes)
+    if name == "vgg7":
+        if len(input_shape) != 3:
+            raise ValueError(f"vgg7 needs C x H x W inputs, got {input_shape}")
+        return VGG7(input_shape[0], classes)
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
 
 

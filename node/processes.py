@@ -8,8 +8,7 @@ import signal
 
 import torch
 
-from protocol.codecs import Codec
-from .client import ClientActor, ClientProfile, TaskSpec, Trainer
+from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
 from .runtime import Runtime
 from .server import ServerActor, ServerConfig
 
@@ -32,12 +31,12 @@ def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 
 
-def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, up_codec: Codec,
-              threads: int, seed: int, parent_pid: int) -> None:
+def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig,
+              threads: int, parent_pid: int) -> None:
     detach_from_terminal_signals(parent_pid, peer)
     torch.set_num_threads(threads)
     trainer = Trainer(task)
-    actors = [ClientActor(profile, trainer, up_codec, seed) for profile in clients]
+    actors = [ClientActor(profile, trainer, cfg) for profile in clients]
     Runtime(peer, endpoint, actors, parent_pid).run()
 
 

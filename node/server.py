@@ -11,6 +11,7 @@ from protocol.codecs import Codec, CodecError, decode_state, encode_state
 from .actor import Message, Reaction, Send
 from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
+from .schedule import BitSchedule
 from .strategy import WeightedAverage, select_random
 from .training import evaluate
 
@@ -28,6 +29,11 @@ class ServerConfig:
     eval_max_samples: int | None = None
     round_timeout_s: float | None = None  # deadline after the round starts; None waits for everyone
     aggregate_s: float = 0.0  # modelled aggregation time
+    schedule: BitSchedule = field(default_factory=BitSchedule)
+    samples: dict[str, int] = field(default_factory=dict)  # n_i of each client, for n_max (Eq. 1.7)
+
+
+CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale")
 
 
 @dataclass
@@ -41,6 +47,8 @@ class RoundState:
     failed: list[str] = field(default_factory=list)
     rejected: int = 0
     losses: list[float] = field(default_factory=list)
+    bits_down: int | None = None
+    clients: dict[str, dict[str, Any]] = field(default_factory=dict)  # per selected client: what it reported, outcome
 
 
 class ServerActor:
@@ -77,8 +85,16 @@ class ServerActor:
         self.round = RoundState(index, t, selected, set(selected))
         if not selected:
             return self._close(t)
-        encoded = encode_state(self.global_state, self.cfg.down_codec, rng)
-        body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr}
+        codec = self.cfg.down_codec
+        bits = getattr(codec, "bits", None)
+        if self.cfg.schedule.adaptive:
+            bits = self.cfg.schedule.server_bits(index, bits)
+            codec = codec.with_bits(bits)
+        self.round.bits_down = bits
+        encoded = encode_state(self.global_state, codec, rng)
+        n_max = max((self.cfg.samples.get(c, 0) for c in selected), default=0)
+        body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr,
+                "bits": bits, "n_max": n_max}
         timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
         return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], timers=timers)
 
@@ -88,18 +104,22 @@ class ServerActor:
             self.late += 1
             return Reaction()
         rnd.waiting.discard(msg.src)
+        record = {k: msg.body.get(k) for k in CLIENT_FIELDS}
         try:
             state, basis = decode_state(msg.frames, self.spec)
         except CodecError as exc:
             rnd.rejected += 1
             rnd.failed.append(msg.src)
+            rnd.clients[msg.src] = {**record, "outcome": "rejected"}
             print(f"[server] rejected update from {msg.src}: {exc}", file=sys.stderr)
         else:
             if basis == "delta":
                 state = {k: self.global_state[k] + state[k] for k in state}
             rnd.average.add(state, float(msg.body.get("samples", 1)))
             rnd.completed.append(msg.src)
-            rnd.losses.append(float(msg.body.get("loss", float("nan"))))
+            rnd.clients[msg.src] = {**record, "t_update": msg.t, "outcome": "ok"}
+            if msg.body.get("loss") is not None:
+                rnd.losses.append(float(msg.body["loss"]))
         return self._close(msg.t) if not rnd.waiting else Reaction()
 
     def _on_down(self, msg: Message) -> Reaction:
@@ -111,6 +131,8 @@ class ServerActor:
         gone = sorted(lost & rnd.waiting)
         rnd.waiting -= lost
         rnd.failed.extend(gone)
+        for name in gone:
+            rnd.clients[name] = {"outcome": "host_crash"}
         return self._close(msg.t) if gone and not rnd.waiting else Reaction()
 
     # ---- round end --------------------------------------------------------------------------
@@ -120,6 +142,8 @@ class ServerActor:
             return Reaction()
         self.round = None
         rnd.failed.extend(sorted(rnd.waiting))  # deadline: whoever has not answered
+        for name in rnd.waiting:
+            rnd.clients[name] = {"outcome": "late"}
         t_end = t + self.cfg.aggregate_s
 
         def work():
@@ -142,6 +166,8 @@ class ServerActor:
             "type": "round", "round": rnd.index, "t_start": rnd.t_start, "t_end": t_end,
             "selected": len(rnd.selected), "completed": len(rnd.completed), "failed": len(rnd.failed),
             "rejected": rnd.rejected, "train_loss": float(np.mean(rnd.losses)) if rnd.losses else None,
+            "bits_down": rnd.bits_down,
+            "clients": [{"client": name, **rnd.clients.get(name, {"outcome": "unknown"})} for name in rnd.selected],
         }
         due = self.cfg.eval_every > 0 and (rnd.index % self.cfg.eval_every == 0 or rnd.index + 1 == self.cfg.rounds)
         if not due:

@@ -1,33 +1,75 @@
-"""Local training and evaluation: plain minibatch SGD, real work on the real model."""
+"""Local training and evaluation: plain minibatch SGD, real work on the real model, with the
+core paper's gradient clipping and Lipschitz estimate when local DP is on."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
 from .data import Dataset
+from .privacy import LipschitzEstimate, clip_gradients, flat_gradient
 
 
-def train_sgd(model: nn.Module, data: Dataset, indices: np.ndarray, epochs: int, batch_size: int, lr: float,
-              rng: np.random.Generator) -> float:
-    """E epochs of minibatch SGD over the client's samples; returns the mean loss of the last epoch."""
+@dataclass(frozen=True)
+class LocalTraining:
+    epochs: int
+    batch_size: int
+    lr: float
+    clip: float | None = None  # gradient-norm threshold xi (Eq. 1.8); None: no clipping
+    clip_norm: float = 1.0  # 1: L1 (Laplace), 2: L2 (Gaussian)
+    estimate_lipschitz: bool = False  # Eq. 1.9
+    shuffle: str = "every_epoch"  # or "once": batches built once per client and replayed (the paper's MNIST loader)
+
+
+@dataclass
+class TrainingResult:
+    loss: float  # mean loss of the last epoch
+    lipschitz: float = 0.0
+    samples_seen: int = 0  # samples of one epoch
+
+
+def batches(indices: np.ndarray, cfg: LocalTraining, rng: np.random.Generator, fixed: np.ndarray | None):
+    order = fixed if fixed is not None else rng.permutation(indices)
+    return [order[s:s + cfg.batch_size] for s in range(0, order.size, cfg.batch_size)]
+
+
+def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: LocalTraining,
+                rng: np.random.Generator, fixed_order: np.ndarray | None = None) -> TrainingResult:
+    """E epochs of minibatch SGD over the client's samples.
+
+    With shuffle "once" the caller passes `fixed_order`, the same for every epoch (and round), so
+    batch position k holds the same samples in every epoch, which Eq. 1.9 compares."""
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=cfg.lr)
     loss_fn = nn.CrossEntropyLoss()
+    estimate = LipschitzEstimate(cfg.lr) if cfg.estimate_lipschitz else None
+    fixed = fixed_order if cfg.shuffle == "once" else None
     last = 0.0
-    for _ in range(epochs):
-        order = rng.permutation(indices)
+    for _ in range(cfg.epochs):
         total, count = 0.0, 0
-        for start in range(0, order.size, batch_size):
-            x, y = data.batch(torch.from_numpy(order[start:start + batch_size]))
+        for position, idx in enumerate(batches(indices, cfg, rng, fixed)):
+            x, y = data.batch(torch.from_numpy(idx))
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
+            if cfg.clip is not None:
+                clip_gradients(params, cfg.clip, cfg.clip_norm)
+            if estimate is not None:
+                estimate.observe(position, flat_gradient(params))
             opt.step()
             total += float(loss.detach()) * y.numel()
             count += y.numel()
         last = total / max(count, 1)
-    return last
+    return TrainingResult(last, estimate.value if estimate else 0.0, int(indices.size))
+
+
+def train_sgd(model: nn.Module, data: Dataset, indices: np.ndarray, epochs: int, batch_size: int, lr: float,
+              rng: np.random.Generator) -> float:
+    """Plain FedAvg local training; returns the mean loss of the last epoch."""
+    return train_local(model, data, indices, LocalTraining(epochs, batch_size, lr), rng).loss
 
 
 @torch.no_grad()

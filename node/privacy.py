@@ -1,0 +1,113 @@
+"""Local differential privacy of the core paper (ALGORITHMS.md 1.5) as pure functions:
+gradient clipping (Eq. 1.8), the local Lipschitz estimate (Eq. 1.9), the sensitivity (Eq. 1.10)
+and the output-perturbation noise on the weights (Eq. 1.11)."""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping
+
+import numpy as np
+import torch
+
+MECHANISMS = ("none", "laplace", "gaussian")
+NOISE_FACTORS = ("code", "paper")
+CLIP_EPSILON = 1e-6  # torch.nn.utils.clip_grad_norm_ adds it to the norm
+
+
+def clip_gradients(params: Iterable[torch.nn.Parameter], threshold: float, norm: float) -> float:
+    """Eq. 1.8: g <- g * min(1, xi / (||g|| + 1e-6)), the norm taken over all parameters together.
+
+    norm = 1 for the Laplace mechanism (L1), 2 for the Gaussian one. Returns the norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, norm) for g in grads]), norm))
+    factor = threshold / (total + CLIP_EPSILON)
+    if factor < 1.0:
+        for g in grads:
+            g.mul_(factor)
+    return total
+
+
+class LipschitzEstimate:
+    """Eq. 1.9: lambda = max over batches k and epochs e >= 2 of
+    ||g_k^(e) - g_k^(e-1)||_1 / ||w_k^(e) - w_k^(e-1)||_1, with w the pre-step weights and g the
+    clipped gradient of batch position k.
+
+    The authors' code stores E x batches x 2 full copies. Here only one gradient per batch
+    position (the previous epoch's) is kept, plus one running sum: with plain SGD the weights at
+    position k of epoch e differ from those at position k of epoch e-1 by exactly -lr times the
+    sum of the batches-per-epoch gradients applied in between, which the running sum holds. Memory
+    is (batches + 1) parameter vectors whatever E is."""
+
+    def __init__(self, lr: float):
+        self.lr = lr
+        self.previous: dict[int, torch.Tensor] = {}
+        self.window: torch.Tensor | None = None
+        self.value = 0.0
+
+    def observe(self, position: int, grad: torch.Tensor) -> None:
+        """grad: the flat clipped gradient about to be applied at batch `position` of the current epoch."""
+        grad = grad.detach().to(torch.float64)
+        prev = self.previous.get(position)
+        if self.window is None:
+            self.window = torch.zeros_like(grad)
+        if prev is not None:
+            prev = prev.to(torch.float64)
+        if prev is not None:
+            step_l1 = self.lr * float(self.window.abs().sum())
+            if step_l1 > 0:
+                self.value = max(self.value, float((grad - prev).abs().sum()) / step_l1)
+            self.window += grad - prev
+        else:
+            self.window += grad
+        self.previous[position] = grad.to(torch.float32)  # halves the memory; the ratio needs no more
+
+
+def flat_gradient(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+
+
+def sensitivity(samples: int, lipschitz: float, lr: float, epochs: int, clip: float) -> float:
+    """Eq. 1.10, exactly as the authors' code writes it (including the jump at E = E_0)."""
+    n = samples
+    if lipschitz > 1e-10:
+        e0 = math.log(1 + n) / math.log(1 + lipschitz * lr)
+        if epochs < e0:
+            return (2 * clip / (lipschitz * n)) * ((1 + lipschitz * lr) ** epochs - 1)
+        return 2 * clip + 2 * lr * clip * (epochs - e0)
+    return 2 * clip * lr * epochs / n
+
+
+def noise_factor(kind: str, rounds: int, epochs: int, per_round: int, clients: int) -> float:
+    """c_T of Eq. 1.11: 'code' = (T/E)(P/N) as in the authors' code (the default), 'paper' = T/P."""
+    if kind == "code":
+        return (rounds / epochs) * (per_round / clients)
+    if kind == "paper":
+        return rounds / per_round
+    raise ValueError(f"noise factor must be one of {NOISE_FACTORS}, got {kind!r}")
+
+
+def noise_scale(mechanism: str, sens: float, factor: float, epsilon: float, delta: float = 0.0) -> float:
+    """Laplace: beta = sens * c_T / eps. Gaussian: sigma = sens * c_T * sqrt(2 ln(1.25/delta)) / eps."""
+    if mechanism == "laplace":
+        return sens * factor / epsilon
+    if mechanism == "gaussian":
+        return sens * factor * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+    return 0.0
+
+
+def add_noise(state: Mapping[str, np.ndarray], mechanism: str, scale: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Output perturbation: i.i.d. noise on every element of every floating-point state entry.
+
+    Integer buffers (BatchNorm's num_batches_tracked) are counters, not weights, and are left
+    alone; the authors' code adds noise to them and truncates it away, to the same effect."""
+    out = {}
+    for name, value in state.items():
+        value = np.asarray(value)
+        if mechanism == "none" or scale <= 0 or not np.issubdtype(value.dtype, np.floating):
+            out[name] = value
+            continue
+        draw = rng.laplace(0.0, scale, value.shape) if mechanism == "laplace" else rng.normal(0.0, scale, value.shape)
+        out[name] = (value.astype(np.float64) + draw).astype(value.dtype)
+    return out

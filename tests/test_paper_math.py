@@ -1,0 +1,216 @@
+"""The core paper's equations (ALGORITHMS.md part 1) against hand-computed values."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from node.data import by_user_labels, partition_by_user
+from node.models import build_model, count_parameters
+from node.privacy import (LipschitzEstimate, add_noise, clip_gradients, flat_gradient, noise_factor, noise_scale,
+                          sensitivity)
+from node.schedule import BitSchedule, cosine_bits, importance, label_entropy
+from node.training import LocalTraining, train_local
+from node.data import Dataset
+
+
+# ---- Eq. 1.5 / 1.6 ---------------------------------------------------------------------------------
+def test_cosine_server_bits_by_hand():
+    # t = 0: 8 + 24 * (1 + 1)/2 = 32; t = T/2: 8 + 24 * 1/2 = 20; t = T/3: 8 + 24 * 0.75 = 26
+    assert cosine_bits(0, 1000, 8, 32) == 32
+    assert cosine_bits(500, 1000, 8, 32) == 20
+    assert cosine_bits(1000 // 3, 1000, 8, 32) == round(8 + 24 * (1 + math.cos(math.pi * 333 / 1000)) / 2)
+    assert cosine_bits(999, 1000, 8, 32) == 8
+
+
+def test_cosine_rounds_half_to_even_like_python():
+    # b_min=8, b_max=9, t = T/2 gives 8.5 exactly: Python's round gives 8 (even)
+    assert cosine_bits(1, 2, 8, 9) == 8
+    # b_min=9, b_max=10 gives 9.5 -> 10
+    assert cosine_bits(1, 2, 9, 10) == 10
+
+
+def test_mean_server_bits_over_1000_rounds_is_20_012():
+    bits = [cosine_bits(t, 1000, 8, 32) for t in range(1000)]
+    assert round(sum(bits) / 1000, 3) == 20.012
+    assert round(1 - sum(bits) / 1000 / 32, 4) == 0.3746  # the paper's "Cosine 37.46 %"
+
+
+def test_client_bits_scale_with_importance():
+    # Eq. 1.6 at t = 0 with nu = 0.5: 8 + 24 * 0.5 * 1 = 20
+    assert cosine_bits(0, 100, 8, 32, importance=0.5) == 20
+    s = BitSchedule("dynamic", 100, 8, 32)
+    assert s.client_bits(0, 99, 0.5) == 20 and s.server_bits(0, 99) == 32
+    assert BitSchedule("cosine", 100, 8, 32).client_bits(0, 99, 0.5) == 32  # cosine ignores nu
+    assert BitSchedule("static", 100).client_bits(5, 16, 0.5) == 16
+
+
+# ---- Eq. 1.7 ------------------------------------------------------------------------------------
+def test_label_entropy_normalised():
+    assert label_entropy([3] * 10, 10) == pytest.approx(0.0, abs=1e-9)
+    assert label_entropy(list(range(10)), 10) == pytest.approx(1.0)
+    # two equally likely labels: 1 bit / log2(10) bits
+    assert label_entropy([0, 1] * 5, 10) == pytest.approx(1 / math.log2(10), rel=1e-6)
+
+
+def test_importance_by_hand():
+    # lambda_h = 0.5, two balanced labels (H = 1/log2 10 = 0.30103), n = 50 of n_max = 200
+    nu = importance([0, 1] * 25, 10, 50, 200, 0.5)
+    assert nu == pytest.approx(0.5 * 0.30103 + 0.5 * 0.25, abs=1e-5)
+    assert importance([0, 1] * 25, 10, 50, 200, 1.0) == pytest.approx(0.30103, abs=1e-5)
+
+
+# ---- Eq. 1.8 ------------------------------------------------------------------------------------
+def test_l1_clipping_scales_the_whole_gradient():
+    a = torch.nn.Parameter(torch.zeros(2))
+    b = torch.nn.Parameter(torch.zeros(1))
+    a.grad = torch.tensor([3.0, -4.0])
+    b.grad = torch.tensor([2.0])  # L1 norm 9
+    norm = clip_gradients([a, b], 4.5, 1.0)
+    assert norm == pytest.approx(9.0)
+    factor = 4.5 / (9.0 + 1e-6)
+    assert a.grad.tolist() == pytest.approx([3 * factor, -4 * factor])
+    assert b.grad.tolist() == pytest.approx([2 * factor])
+    a.grad = torch.tensor([1.0, 1.0])
+    b.grad = torch.tensor([1.0])
+    clip_gradients([a, b], 100.0, 1.0)  # under the threshold: untouched
+    assert a.grad.tolist() == [1.0, 1.0]
+
+
+def test_l2_clipping_for_the_gaussian_mechanism():
+    a = torch.nn.Parameter(torch.zeros(2))
+    a.grad = torch.tensor([3.0, 4.0])  # L2 5
+    clip_gradients([a], 1.0, 2.0)
+    assert float(a.grad.norm()) == pytest.approx(1.0, rel=1e-5)
+
+
+# ---- Eq. 1.9 ------------------------------------------------------------------------------------
+def quadratic_problem(curvature):
+    """A one-parameter model with loss 0.5 * c * (w - y)^2 is c-smooth: the gradient differences
+    over weight differences are exactly c."""
+    class Quad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([1.0]))
+
+        def forward(self, x):
+            return self.w.expand(x.shape[0], 1)
+
+    return Quad()
+
+
+def test_lipschitz_estimate_equals_the_curvature_of_a_quadratic():
+    c, lr = 3.0, 0.1
+    model = quadratic_problem(c)
+    est = LipschitzEstimate(lr)
+    targets = [torch.tensor([0.5]), torch.tensor([-0.25])]  # two batches, replayed each epoch
+    for _ in range(3):
+        for k, y in enumerate(targets):
+            model.zero_grad()
+            loss = 0.5 * c * ((model(torch.zeros(1, 1)) - y) ** 2).sum()
+            loss.backward()
+            est.observe(k, flat_gradient(model.parameters()))
+            with torch.no_grad():
+                model.w -= lr * model.w.grad
+    assert est.value == pytest.approx(c, rel=1e-5)
+
+
+def test_lipschitz_estimate_matches_the_naive_all_copies_version():
+    """Against the authors' way: keep (w, g) for every batch and epoch, then take the max ratio."""
+    torch.manual_seed(0)
+    data = Dataset(torch.rand(40, 1, 4, 4), torch.randint(0, 3, (40,)), 3)
+    model = build_model("mlp", (1, 4, 4), 3)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = LocalTraining(3, 10, 0.1, clip=5.0, clip_norm=1.0, estimate_lipschitz=True, shuffle="once")
+    order = np.random.default_rng(1).permutation(40)
+    result = train_local(model, data, np.arange(40), cfg, np.random.default_rng(0), order)
+
+    model.load_state_dict(init)
+    params = list(model.parameters())
+    records = {}
+    for e in range(3):
+        for k in range(4):
+            idx = torch.from_numpy(order[k * 10:(k + 1) * 10])
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(data.x[idx]), data.y[idx]).backward()
+            torch.nn.utils.clip_grad_norm_(params, 5.0, norm_type=1)
+            records[(e, k)] = (torch.cat([p.detach().reshape(-1) for p in params]).clone(), flat_gradient(params).clone())
+            with torch.no_grad():
+                for p in params:
+                    p -= 0.1 * p.grad
+    naive = max(float((records[(e, k)][1] - records[(e - 1, k)][1]).abs().sum())
+                / float((records[(e, k)][0] - records[(e - 1, k)][0]).abs().sum())
+                for e in range(1, 3) for k in range(4))
+    assert result.lipschitz == pytest.approx(naive, rel=1e-3)
+    assert result.lipschitz > 0
+
+
+# ---- Eq. 1.10 -----------------------------------------------------------------------------------
+def test_sensitivity_first_branch_by_hand():
+    # lambda = 1, lr = 0.1, n = 100: E_0 = ln 101 / ln 1.1 = 48.42; E = 5 < E_0
+    # Xi = (2 * 100 / (1 * 100)) * (1.1^5 - 1) = 2 * 0.61051 = 1.22102
+    assert sensitivity(100, 1.0, 0.1, 5, 100.0) == pytest.approx(1.22102, rel=1e-6)
+
+
+def test_sensitivity_second_branch_by_hand():
+    # lambda = 100, lr = 0.1, n = 10: E_0 = ln 11 / ln 11 = 1; E = 5 >= E_0
+    # Xi = 2 * 100 + 2 * 0.1 * 100 * (5 - 1) = 280
+    assert sensitivity(10, 100.0, 0.1, 5, 100.0) == pytest.approx(280.0)
+
+
+def test_sensitivity_zero_lipschitz_branch():
+    assert sensitivity(50, 0.0, 0.1, 5, 100.0) == pytest.approx(2 * 100 * 0.1 * 5 / 50)
+
+
+def test_sensitivity_jumps_at_e0_as_written():
+    # E exactly E_0 takes the second branch: 2 xi; just below it the first gives 2 xi / lambda
+    lam, lr, n, xi = 2.0, 0.5, 3, 1.0  # E_0 = ln 4 / ln 2 = 2
+    assert sensitivity(n, lam, lr, 2, xi) == pytest.approx(2 * xi)
+    below = (2 * xi / (lam * n)) * ((1 + lam * lr) ** 2 - 1)
+    assert below == pytest.approx(2 * xi / lam)  # = 1.0, not 2.0: the discontinuity the spec notes
+
+
+# ---- Eq. 1.11 -----------------------------------------------------------------------------------
+def test_noise_factor_options():
+    assert noise_factor("code", 1000, 5, 10, 100) == pytest.approx(20.0)
+    assert noise_factor("paper", 1000, 5, 10, 100) == pytest.approx(100.0)
+    assert noise_scale("laplace", 2.0, 20.0, 1e4) == pytest.approx(2.0 * 20 / 1e4)
+    assert noise_scale("gaussian", 2.0, 20.0, 1e4, 1e-5) == pytest.approx(2.0 * 20 * math.sqrt(2 * math.log(1.25e5)) / 1e4)
+
+
+def test_laplace_noise_has_the_scale_beta():
+    beta = 0.37
+    state = {"w": np.zeros((400, 500), np.float32), "count": np.array(7, np.int64)}
+    noisy = add_noise(state, "laplace", beta, np.random.default_rng(11))
+    x = noisy["w"].astype(np.float64).ravel()
+    # Laplace(0, beta): E|x| = beta, Var|x| = beta^2, so the mean of |x| over n draws has sd beta/sqrt(n)
+    n = x.size
+    assert abs(np.abs(x).mean() - beta) < 4 * beta / math.sqrt(n)
+    assert abs(x.mean()) < 4 * math.sqrt(2) * beta / math.sqrt(n)
+    assert noisy["count"] == 7 and noisy["count"].dtype == np.int64  # counters untouched
+    assert noisy["w"].dtype == np.float32
+
+
+# ---- data and models ----------------------------------------------------------------------------
+def test_vgg7_has_325002_trainable_parameters_and_runs():
+    model = build_model("vgg7", (3, 32, 32), 10)
+    assert count_parameters(model) == 325_002
+    assert model(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_by_user_labels_cover_each_digit_200_times():
+    pairs = by_user_labels(1000, 10)
+    assert all(a != b for a, b in pairs)
+    counts = np.bincount([c for p in pairs for c in p], minlength=10)
+    assert counts.tolist() == [200] * 10
+
+
+def test_partition_by_user_merges_round_robin():
+    labels = np.repeat(np.arange(10), 500)
+    users = partition_by_user(labels, 1000, users=1000, seed=3)
+    assert all(np.unique(labels[u]).size == 2 for u in users)
+    assert sum(u.size for u in users) == labels.size
+    merged = partition_by_user(labels, 10, users=1000, seed=3)
+    for j in range(10):
+        assert np.array_equal(merged[j], np.sort(np.concatenate([users[u] for u in range(j, 1000, 10)])))
+    assert [m.size for m in partition_by_user(labels, 10, users=1000, seed=3)] == [m.size for m in merged]
