@@ -74,7 +74,9 @@ class Conductor:
         hosts = [f"host{h}" for h in range(world.hosts)]
         clock = self.sc.clock
         net_cfg = NetworkConfig(endpoint, [CONDUCTOR, SERVER, *hosts], links, world.framing, me, world.faults,
-                                clock.speedup if clock.mode == "realtime" else None)
+                                clock.speedup if clock.mode == "realtime" else None,
+                                devices={c.profile.name: c.spec for c in world.clients if c.spec is not None},
+                                seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of)
         specs = [("network", "network", network_main, (net_cfg,)),
                  ("server", "server", server_main,
                   (endpoint, world.server, [c.profile.name for c in world.clients], world.task, 1, me))]
@@ -175,8 +177,10 @@ class Conductor:
                     env = envelope.unpack(frames[0])
                     body = env.get("body", {})
                     if env["op"] == "record":
-                        for rec in body["transfers"]:
+                        for rec in body.get("transfers", []):
                             writer.transfer(rec)
+                        for rec in body.get("devices", []):
+                            writer.device(rec)
                     elif env["op"] == "report":
                         done = self._on_report(body, writer)
                         if done:

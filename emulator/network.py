@@ -18,15 +18,20 @@ from typing import Any
 
 import zmq
 
+import numpy as np
+
 from protocol import envelope
+from .devices import DeviceSpec, cpu_load, stable_key
 from .links import INF, FlowModel, Framing
 
 CONDUCTOR = "conductor"
 SERVER = "server"
 POLL_MS = 200
 
-# event classes, in the order they run at equal times: finish transfers, deliver, start transfers, fire timers
-FLOW_DONE, DELIVER, FLOW_START, TIMER = range(4)
+# event classes, in the order they run at equal times: finish transfers, change devices and links,
+# deliver, start transfers, fire timers
+FLOW_DONE, DEVICE, DELIVER, FLOW_START, TIMER = range(5)
+MB = 1e6
 
 
 @dataclass(frozen=True)
@@ -34,11 +39,13 @@ class Link:
     up_bps: float = INF
     down_bps: float = INF
     latency_s: float = 0.0
+    jitter_s: float = 0.0  # mean of an exponential extra delay per message
+    loss: float = 0.0  # probability that a segment is lost and retransmitted
 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "truncate"
+    kind: str  # "truncate" | "link_down"
     actor: str
     start: float
     end: float
@@ -64,6 +71,11 @@ class NetworkConfig:
     parent_pid: int | None = None
     faults: list[Fault] = field(default_factory=list)
     realtime_speedup: float | None = None  # None: virtual time (jump to the next event)
+    devices: dict[str, DeviceSpec] = field(default_factory=dict)  # client devices (availability, battery, load)
+    seed: int = 0
+    rto_s: float = 0.2  # delay a lost segment costs (Linux's minimum retransmission timeout)
+    groups: dict[str, float] = field(default_factory=dict)  # shared bottleneck links: name -> bit/s
+    group_of: dict[str, list[str]] = field(default_factory=dict)  # actor -> shared links its traffic crosses
 
 
 class LagMeter:
@@ -97,6 +109,8 @@ class Transfer:
     link_bytes: int
     deliver_env: dict[str, Any]
     frames: list[Any]
+    key: tuple = ()  # (src, n, i): a name for the transfer that does not depend on arrival order
+    extra_delay: float = 0.0  # jitter and retransmission delays
 
     def record(self, t_end: float, outcome: str, wasted: int = 0) -> dict[str, Any]:
         return {
@@ -126,12 +140,21 @@ class Network:
         self.rejected = 0
         self.wall_start: float | None = None  # realtime mode: wall clock at emulated time 0
         self.lag = LagMeter()
+        self.devices = cfg.devices
+        self.online = {a: True for a in cfg.devices}
+        self.battery_dead: set[str] = set()
+        self.offline_since: dict[str, float] = {}
+        self.last_delivery: dict[str, float] = {}
+        self.links_down: dict[str, int] = {}  # actor -> active link_down faults
+        self.availability = {a: d.availability.transitions() for a, d in cfg.devices.items()}
 
     def _capacities(self) -> dict[tuple[str, str], float]:
         caps = {}
         for actor, link in self.cfg.links.items():
             caps[("up", actor)] = link.up_bps
             caps[("down", actor)] = link.down_bps
+        for name, bps in self.cfg.groups.items():
+            caps[("group", name)] = bps
         return caps
 
     def link(self, actor: str) -> Link:
@@ -161,6 +184,7 @@ class Network:
                 self.started = True
                 self.wall_start = time.monotonic()
                 self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})
+                self._start_devices()
                 self.push(0.0, DELIVER, "", next(self.net_counter), 0, ("deliver", self._net_message(SERVER, "start", {})))
         elif op == "send":
             self._on_send(peer, env, frames[1:])
@@ -190,6 +214,13 @@ class Network:
         if not self._owns(peer, src) or src in self.dead:
             return
         t = max(float(env["t"]), self.now)  # a send can never land in the past
+        if self.offline_since.get(src, -INF) > self.last_delivery.get(src, -INF):
+            # the device went off after it was given this work: the work died with it
+            self.to_conductor("record", {"transfers": [{
+                "id": -1, "round": env["round"], "kind": env["kind"], "src": src, "dst": str(env["dst"]),
+                "payload_bytes": 0, "fp32_bytes": 0, "wire_bytes": 0, "link_bytes": 0, "t_start": t, "t_end": t,
+                "outcome": "battery" if src in self.battery_dead else "offline", "wasted_bytes": 0}]})
+            return
         dsts = env["dst"] if isinstance(env["dst"], list) else [env["dst"]]
         payload = [f.buffer for f in payload]
         if any(f.kind == "truncate" and f.active(src, t) for f in self.cfg.faults):
@@ -201,7 +232,7 @@ class Network:
                                     body=env["body"], payload=env["payload"], fp32=env["fp32"])
             wire = len(unicast) + payload_frame_bytes
             tr = Transfer(next(self.transfer_ids), src, dst, env["kind"], env["round"], t, env["payload"], env["fp32"],
-                          wire, self.cfg.framing.link_bytes(wire), deliver_env, payload)
+                          wire, self.cfg.framing.link_bytes(wire), deliver_env, payload, (src, env["n"], i))
             self.push(t, FLOW_START, src, env["n"], i, ("flow_start", tr))
 
     def _on_done(self, peer: str, env: dict[str, Any]) -> None:
@@ -211,7 +242,9 @@ class Network:
         if env["busy_until"] is None:
             del self.holds[env["hold"]]
         else:
-            self.holds[env["hold"]] = (hold[0], max(float(env["busy_until"]), hold[1]))
+            until = max(float(env["busy_until"]), hold[1])
+            self.holds[env["hold"]] = (hold[0], until)
+            self._drain_compute(hold[0], hold[1], until)
 
     def _on_peer_lost(self, peer: str) -> None:
         lost = [a for a in self.peer_actors.get(peer, []) if a not in self.dead]
@@ -254,10 +287,36 @@ class Network:
         elif kind == "tick":
             self._deliver(sock, {"src": "network", "dst": event[1], "kind": "tick", "round": -1, "t": 0.0,
                                  "body": {"tag": event[2]}}, [])
+        elif kind == "device":
+            self._device_change(*event[1:])
+        elif kind == "link":
+            self._link_change(*event[1:])
         return True
 
     def _path(self, tr: Transfer) -> tuple:
-        return (("up", tr.src), ("down", tr.dst))
+        ups = [("group", f"{g}:up") for g in self.cfg.group_of.get(tr.src, [])]
+        downs = [("group", f"{g}:down") for g in self.cfg.group_of.get(tr.dst, [])]
+        return (("up", tr.src), *ups, *downs, ("down", tr.dst))
+
+    def reachable(self, actor: str) -> bool:
+        return self.online.get(actor, True) and not self.links_down.get(actor)
+
+    def _impairments(self, tr: Transfer) -> None:
+        """Jitter and loss of both access links, drawn from a generator named by the transfer, so
+        the draw does not depend on the order in which messages reached this process."""
+        up, down = self.link(tr.src), self.link(tr.dst)
+        if not (up.jitter_s or down.jitter_s or up.loss or down.loss):
+            return
+        rng = np.random.default_rng([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst)])
+        delay = sum(float(rng.exponential(j)) for j in (up.jitter_s, down.jitter_s) if j > 0)
+        loss = 1 - (1 - up.loss) * (1 - down.loss)
+        mss = self.cfg.framing.mss or 1448
+        if loss > 0:
+            segments = max(1, -(-tr.wire_bytes // mss))
+            lost = int(rng.binomial(segments, loss))
+            tr.link_bytes += lost * (mss + self.cfg.framing.segment_overhead)  # each lost segment is sent again
+            delay += lost * self.cfg.rto_s
+        tr.extra_delay = delay
 
     def _reschedule(self, changed) -> None:
         for fid, done_at, version in changed:
@@ -268,6 +327,11 @@ class Network:
         if tr.src in self.dead or tr.dst in self.dead:
             self.to_conductor("record", {"transfers": [tr.record(self.now, "dst_lost" if tr.dst in self.dead else "src_lost")]})
             return
+        for actor in (tr.src, tr.dst):
+            if not self.reachable(actor):
+                self.to_conductor("record", {"transfers": [tr.record(self.now, self._why_unreachable(actor))]})
+                return
+        self._impairments(tr)
         self.transfers[tr.tid] = tr
         self.flows.advance(self.now)
         self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self._path(tr)))
@@ -280,7 +344,8 @@ class Network:
         _, changed = self.flows.remove(fid)
         self._reschedule(changed)
         tr = self.transfers.pop(fid)
-        arrival = self.now + self.link(tr.src).latency_s + self.link(tr.dst).latency_s
+        self._drain_transfer(tr, tr.link_bytes)
+        arrival = self.now + self.link(tr.src).latency_s + self.link(tr.dst).latency_s + tr.extra_delay
         self.to_conductor("record", {"transfers": [tr.record(arrival, "ok")]})
         tr.deliver_env["t"] = arrival
         self.push(arrival, DELIVER, tr.src, tr.tid, 1, ("deliver", (tr.deliver_env, tr.frames)))
@@ -291,17 +356,127 @@ class Network:
         tr = self.transfers.pop(fid)
         sent_bits = tr.link_bytes * 8.0 - (flow.remaining_bits if flow else 0.0)
         self.to_conductor("record", {"transfers": [tr.record(self.now, outcome, int(sent_bits // 8))]})
+        self._drain_transfer(tr, int(sent_bits // 8))
 
     def _deliver(self, sock: zmq.Socket, env: dict[str, Any], frames: list[Any]) -> None:
         dst = env["dst"]
         peer = self.actor_peer.get(dst)
         if peer is None or dst in self.dead:
             return
+        if env["src"] != "network" and not self.reachable(dst):
+            return  # went off while the message was in flight (its transfer was already recorded)
         env["t"] = self.now
         hold = next(self.hold_ids)
         self.holds[hold] = (dst, self.now)
-        header = envelope.pack("deliver", hold=hold, **env)
+        self.last_delivery[dst] = self.now
+        header = envelope.pack("deliver", hold=hold, device=self.device_status(dst), **env)
         sock.send_multipart([peer.encode(), header, *frames], copy=False)
+
+    # ---- devices and links in time ------------------------------------------------------------
+    def _start_devices(self) -> None:
+        for actor in sorted(self.devices):
+            spec = self.devices[actor]
+            self.online[actor] = spec.availability.initially_on
+            if not self.online[actor]:
+                self.offline_since[actor] = 0.0
+            else:
+                self._deliver_later(actor, "online", 0.0)
+            self._schedule_next_transition(actor)
+        for i, fault in enumerate(self.cfg.faults):
+            if fault.kind == "link_down":
+                self.push(fault.start, DEVICE, fault.actor, i, 0, ("link", fault.actor, True))
+                if fault.end < INF:
+                    self.push(fault.end, DEVICE, fault.actor, i, 1, ("link", fault.actor, False))
+
+    def _deliver_later(self, actor: str, kind: str, t: float) -> None:
+        msg = {"src": "network", "dst": actor, "kind": kind, "round": -1, "t": 0.0, "body": {}}
+        self.push(t, DELIVER, actor, next(self.net_counter), 0, ("deliver", (msg, [])))
+
+    def _schedule_next_transition(self, actor: str) -> None:
+        nxt = next(self.availability[actor], None)
+        if nxt is not None:
+            self.push(nxt, DEVICE, actor, next(self.net_counter), 0, ("device", actor, "toggle"))
+
+    def device_status(self, actor: str) -> dict[str, Any] | None:
+        spec = self.devices.get(actor)
+        if spec is None:
+            return None
+        link = self.link(actor)
+        status: dict[str, Any] = {"link": spec.link, "device": spec.device, "up_mbps": link.up_bps / MB,
+                                  "down_mbps": link.down_bps / MB,
+                                  "cpu_load": cpu_load(self.cfg.seed, spec.index, self.now, spec.load_period_s, spec.load_mean)}
+        if spec.battery is not None:
+            spec.battery.advance(self.now)
+            status.update(battery=spec.battery.fraction, charging=spec.battery.charging)
+        return status
+
+    def _device_change(self, actor: str, what: str) -> None:
+        if actor in self.dead or actor in self.battery_dead:
+            return
+        if what == "toggle":
+            self._schedule_next_transition(actor)
+            if self.online[actor]:
+                self._go_offline(actor, "offline")
+            else:
+                self.online[actor] = True
+                self._record_device(actor, "online")
+                self._deliver_later(actor, "online", self.now)
+        elif what == "battery" and self.online[actor]:
+            self.battery_dead.add(actor)
+            self._go_offline(actor, "battery")
+
+    def _go_offline(self, actor: str, why: str) -> None:
+        self.online[actor] = False
+        self.offline_since[actor] = self.now
+        self._record_device(actor, why)
+        self._abort_flows_of(actor, why)
+
+    def _link_change(self, actor: str, down: bool) -> None:
+        self.links_down[actor] = self.links_down.get(actor, 0) + (1 if down else -1)
+        self._record_device(actor, "link_down" if down else "link_up")
+        if down:
+            self._abort_flows_of(actor, "link_down")
+
+    def _abort_flows_of(self, actor: str, outcome: str) -> None:
+        self.flows.advance(self.now)
+        for fid in [f for f in self.flows.flows if actor in (self.transfers[f].src, self.transfers[f].dst)]:
+            self._abort(fid, outcome)
+
+    def _why_unreachable(self, actor: str) -> str:
+        if self.links_down.get(actor):
+            return "link_down"
+        return "battery" if actor in self.battery_dead else "offline"
+
+    def _record_device(self, actor: str, event: str, **extra: Any) -> None:
+        spec = self.devices.get(actor)
+        battery = spec.battery if spec else None
+        self.to_conductor("record", {"devices": [{"t": self.now, "client": actor, "event": event,
+                                                  "battery": battery.fraction if battery else None, **extra}]})
+
+    def _spend(self, actor: str, joules: float, what: str, t_empty: float) -> None:
+        spec = self.devices.get(actor)
+        if spec is None or spec.battery is None or joules <= 0 or actor in self.battery_dead:
+            return
+        spec.battery.advance(self.now)
+        short = spec.battery.spend(joules)
+        self._record_device(actor, what, energy_j=joules)
+        if short > 0:
+            self.push(t_empty, DEVICE, actor, next(self.net_counter), 0, ("device", actor, "battery"))
+
+    def _drain_compute(self, actor: str, start: float, until: float) -> None:
+        spec = self.devices.get(actor)
+        if spec is None or spec.battery is None or until <= start:
+            return
+        spec.battery.advance(self.now)
+        level = spec.battery.level_j
+        joules = spec.train_w * (until - start)
+        self._spend(actor, joules, "train", start + (level / spec.train_w if spec.train_w > 0 else 0.0))
+
+    def _drain_transfer(self, tr: Transfer, link_bytes: int) -> None:
+        for actor, attr in ((tr.src, "j_per_mb_up"), (tr.dst, "j_per_mb_down")):
+            spec = self.devices.get(actor)
+            if spec is not None:
+                self._spend(actor, getattr(spec, attr) * link_bytes / MB, "send" if actor == tr.src else "receive", self.now)
 
     # ---- to the conductor ----------------------------------------------------------------------
     def to_conductor(self, op: str, body: dict) -> None:

@@ -20,9 +20,13 @@ ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "wall_s", "selected",
                 "payload_bytes_down", "payload_bytes_up", "wire_bytes_down", "wire_bytes_up",
                 "fp32_bytes_down", "fp32_bytes_up", "wasted_bytes", "bits_down", "bits_up_mean", "noise_scale_mean",
                 "train_loss", "accuracy", "test_loss"]
-CLIENT_FIELDS = ["round", "client", "outcome", "samples", "download_start", "download_end", "upload_start", "upload_end",
-                 "payload_bytes_down", "payload_bytes_up", "bits_down", "bits_up", "nu", "loss", "lipschitz",
-                 "sensitivity", "noise_scale"]
+CLIENT_FIELDS = ["round", "client", "outcome", "samples", "checkin_t", "battery", "cpu_load", "link", "selected_t",
+                 "download_start", "download_end", "compute_start", "compute_end", "upload_start", "upload_end",
+                 "payload_bytes_down", "payload_bytes_up", "energy_j", "bits_down", "bits_up", "nu", "loss",
+                 "lipschitz", "sensitivity", "noise_scale"]
+DEVICE_FIELDS = ["t", "client", "event", "battery", "energy_j"]
+# why a selected client sent nothing, from what happened to its device during the round
+DROP_REASONS = {"battery": "dropped_battery", "offline": "dropped_offline", "link_down": "dropped_link_down"}
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -50,6 +54,12 @@ class RunWriter:
         self._clients_file = open(self.dir / "clients.csv", "w", newline="")
         self._clients = csv.DictWriter(self._clients_file, fieldnames=CLIENT_FIELDS)
         self._clients.writeheader()
+        self._devices_file = open(self.dir / "devices.csv", "w", newline="")
+        self._devices = csv.DictWriter(self._devices_file, fieldnames=DEVICE_FIELDS)
+        self._devices.writeheader()
+        self.device_events: dict[str, list[dict]] = defaultdict(list)
+        self.pending_clients: list[dict] = []  # the previous round's rows, written once late updates are known
+        self.outcomes: dict[str, int] = defaultdict(int)
         self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.per_client: dict[tuple[int, str], dict[str, Any]] = {}
         self.rows: list[dict] = []
@@ -72,10 +82,29 @@ class RunWriter:
             if rec["outcome"] == "ok":
                 entry[f"{'download' if direction == 'down' else 'upload'}_end"] = rec["t_end"]
                 entry[f"payload_bytes_{direction}"] = rec["payload_bytes"]
+            else:
+                entry["lost"] = rec["outcome"]
+
+    def device(self, rec: dict) -> None:
+        self._devices.writerow({k: rec.get(k) for k in DEVICE_FIELDS})
+        self.device_events[rec["client"]].append(rec)
+
+    def _flush_clients(self, late: list[dict]) -> None:
+        late_keys = {(u["round"], u["client"]) for u in late}
+        for row in self.pending_clients:
+            if (row["round"], row["client"]) in late_keys:
+                row["outcome"] = "late"
+            self.outcomes[row["outcome"]] += 1
+        self._clients.writerows(self.pending_clients)
+        self.pending_clients = []
 
     def round(self, rep: dict, wall_s: float) -> dict:
         sums = self.per_round.get(rep["round"], {})
         clients = [self._client_row(rep, c) for c in rep.get("clients", [])]
+        self._flush_clients(rep.get("late_updates", []))
+        self.pending_clients = clients
+        for name in list(self.device_events):  # only this round's events can still matter
+            self.device_events[name] = [e for e in self.device_events[name] if e["t"] >= rep["t_start"]]
         ok = [c for c in clients if c["outcome"] == "ok"]
         mean = lambda key: (sum(c[key] for c in ok) / len(ok)) if ok and all(c.get(key) is not None for c in ok) else None  # noqa: E731
         row = {
@@ -88,23 +117,37 @@ class RunWriter:
         }
         self.rows.append(row)
         self._rounds.writerow(row)
-        self._clients.writerows(clients)
-        for f in (self._rounds_file, self._transfers_file, self._clients_file):
+        for f in (self._rounds_file, self._transfers_file, self._clients_file, self._devices_file):
             f.flush()
         return row
 
     def _client_row(self, rep: dict, reported: dict) -> dict:
         timing = self.per_client.pop((rep["round"], reported["client"]), {})
+        lost = timing.pop("lost", None)
         row = {key: None for key in CLIENT_FIELDS}
         row.update(round=rep["round"], bits_down=rep.get("bits_down"), **timing)
         row.update({k: v for k, v in reported.items() if k in CLIENT_FIELDS})
         row["bits_up"] = reported.get("bits")
+        status = reported.get("status") or {}
+        row.update(checkin_t=reported.get("checkin_t"), battery=status.get("battery"), cpu_load=status.get("cpu_load"),
+                   link=status.get("link"), selected_t=rep["t_start"])
+        if row.get("download_end") is not None:
+            row["compute_start"] = row["download_end"]
+        if row.get("upload_start") is not None:
+            row["compute_end"] = row["upload_start"]
+        events = [e for e in self.device_events.get(reported["client"], []) if rep["t_start"] <= e["t"] <= rep["t_end"]]
+        row["energy_j"] = sum(e.get("energy_j") or 0.0 for e in events)
+        if row["outcome"] == "no_update":
+            reason = DROP_REASONS.get(lost) or next((DROP_REASONS[e["event"]] for e in events if e["event"] in DROP_REASONS), None)
+            row["outcome"] = reason or row["outcome"]
         return row
 
     def incident(self, what: str, **details: Any) -> None:
         self.incidents.append({"what": what, **details})
 
     def write_summary(self, status: str, **extra: Any) -> dict:
+        if status != "running":
+            self._flush_clients([])
         rows = self.rows
         total = lambda key: sum(r[key] for r in rows)  # noqa: E731
         evaluated = [r for r in rows if r.get("accuracy") is not None]
@@ -134,6 +177,7 @@ class RunWriter:
             "mean_bits_down": _mean(r.get("bits_down") for r in rows),
             "mean_bits_up": _mean(r.get("bits_up_mean") for r in rows),
             "mean_noise_scale": _mean(r.get("noise_scale_mean") for r in rows),
+            "client_outcomes": dict(self.outcomes),
             "client_updates_ok": total("completed"),
             "client_updates_failed": total("failed"),
             "incidents": self.incidents,
@@ -143,7 +187,8 @@ class RunWriter:
         return self.summary
 
     def close(self) -> None:
-        for f in (self._transfers_file, self._rounds_file, self._clients_file):
+        self._flush_clients([])
+        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file):
             if not f.closed:
                 f.close()
 

@@ -27,15 +27,51 @@ class Strict(BaseModel):
 class DeviceMix(Strict):
     name: str = "device"
     share: float = Field(1.0, ge=0, le=1)
+    source: Optional[str] = Field(None, description="where the numbers come from (documentation only)")
     ms_per_sample: float = Field(gt=0, description="modelled training time per sample per epoch")
+    train_w: float = Field(0.0, ge=0, description="power drawn while training")
+    j_per_mb_up: float = Field(0.0, ge=0, description="radio energy per MB sent")
+    j_per_mb_down: float = Field(0.0, ge=0, description="radio energy per MB received")
+    battery_wh: Optional[float] = Field(None, gt=0, description="null: mains powered, never runs dry")
+    battery_start: list[float] = Field(default_factory=lambda: [1.0, 1.0], min_length=2, max_length=2,
+                                       description="initial charge, uniform in [low, high] (fractions)")
+    idle_w: float = Field(0.0, ge=0, description="drain when not training")
+    charge_w: float = Field(0.0, ge=0, description="charging power while plugged in")
+    charging_share: float = Field(0.0, ge=0, le=1, description="fraction of these devices plugged in for the run")
+    load_mean: float = Field(0.0, ge=0, lt=1, description="mean background CPU load (Beta-distributed per period)")
+    load_period_s: float = Field(60.0, gt=0, description="how long one background-load level lasts")
+
+    @field_validator("battery_start")
+    @classmethod
+    def _start(cls, v):
+        if not 0 <= v[0] <= v[1] <= 1:
+            raise ValueError(f"battery_start must be [low, high] with 0 <= low <= high <= 1, got {v}")
+        return v
 
 
 class LinkMix(Strict):
     name: str = "link"
     share: float = Field(1.0, ge=0, le=1)
+    source: Optional[str] = Field(None, description="where the numbers come from (documentation only)")
     up_mbps: float = Field(gt=0)
     down_mbps: float = Field(gt=0)
     latency_ms: float = Field(0.0, ge=0, description="one-way latency of the access link")
+    jitter_ms: float = Field(0.0, ge=0, description="mean of an exponential extra delay per message")
+    loss: float = Field(0.0, ge=0, lt=1, description="segment loss probability (each loss costs a resend and network.rto_ms)")
+
+
+class Availability(Strict):
+    kind: Literal["always", "markov", "trace"] = "always"
+    mean_on_s: float = Field(3600.0, gt=0, description="markov: mean on-period")
+    mean_off_s: float = Field(600.0, gt=0, description="markov: mean off-period")
+    trace: Optional[str] = Field(None, description="trace: FedScale behaviour file (pickle or JSON), relative to the scenario")
+
+
+class SharedLink(Strict):
+    name: str
+    up_mbps: Optional[float] = Field(None, gt=0, description="shared by uploads from its members; null: unlimited")
+    down_mbps: Optional[float] = Field(None, gt=0, description="shared by downloads to its members; null: unlimited")
+    links: list[str] = Field(min_length=1, description="link mix names whose clients sit behind it")
 
 
 def _shares_sum_to_one(items: list, what: str) -> list:
@@ -50,6 +86,9 @@ class Population(Strict):
     hosts: Optional[int] = Field(None, ge=1, description="client host processes; default: usable cores")
     devices: list[DeviceMix] = Field(min_length=1)
     links: list[LinkMix] = Field(min_length=1)
+    availability: Availability = Field(default_factory=Availability)
+    capacity_trace: Optional[str] = Field(None, description="FedScale capacity file: per-client ms per sample and kbit/s")
+    shared_links: list[SharedLink] = Field(default_factory=list)
 
     @field_validator("devices")
     @classmethod
@@ -100,7 +139,14 @@ class Server(Strict):
 class Selection(Strict):
     clients_per_round: Optional[int] = Field(None, ge=1, description="P; or give fraction")
     fraction: Optional[float] = Field(None, gt=0, le=1, description="P = max(1, round(fraction * clients))")
-    policy: Literal["random"] = "random"
+    policy: Literal["random", "resource_aware", "fastest"] = "random"
+    over_selection: float = Field(1.0, ge=1, description="ask ceil(P * this) clients")
+    checkin: bool = Field(False, description="clients check in when they come online; only they can be selected")
+    checkin_wait_s: float = Field(5.0, ge=0, description="collect check-ins this long before a round with nobody to ask")
+    min_battery: float = Field(0.0, ge=0, le=1, description="resource_aware: battery fraction (charging devices pass)")
+    max_cpu_load: float = Field(1.0, ge=0, le=1, description="resource_aware")
+    min_up_mbps: float = Field(0.0, ge=0, description="resource_aware")
+    explore: float = Field(0.1, ge=0, le=1, description="fastest: share of the selection drawn at random")
 
     @model_validator(mode="after")
     def _one_of(self):
@@ -113,6 +159,7 @@ class Selection(Strict):
 
 
 class RoundPolicy(Strict):
+    policy: Literal["all", "first_k"] = Field("all", description="first_k: close at P updates (with over-selection)")
     timeout_s: Optional[float] = Field(None, gt=0, description="round deadline; null waits for every selected client")
 
 
@@ -196,10 +243,12 @@ class NetworkModel(Strict):
     mss: int = Field(1448, ge=0, description="TCP payload bytes per segment; 0 disables framing")
     segment_overhead: int = Field(66, ge=0, description="header bytes per segment on the link")
     per_transfer_bytes: int = Field(0, ge=0)
+    rto_ms: float = Field(200.0, ge=0, description="delay each lost segment costs (Linux's minimum RTO)")
 
 
 class Fault(Strict):
-    kind: Literal["truncate"] = Field(description="truncate: every message the actor sends loses its last payload byte")
+    kind: Literal["truncate", "link_down"] = Field(
+        description="truncate: every message the actor sends loses its last payload byte; link_down: its links carry nothing")
     actor: str = Field(description="'server' or a client name such as c0003")
     at_s: float = Field(0.0, ge=0, description="emulated time the fault starts")
     duration_s: Optional[float] = Field(None, gt=0, description="null: until the end of the run")
@@ -221,6 +270,7 @@ class Run(Strict):
 
 class Scenario(Strict):
     name: str = "scenario"
+    profiles: Optional[str] = Field(None, description="device/link profile library; default scenarios/profiles.yaml")
     seed: int = 0
     rounds: int = Field(ge=1)
     clock: Clock = Field(default_factory=Clock)
@@ -235,6 +285,17 @@ class Scenario(Strict):
     output: Output = Field(default_factory=Output)
     run: Run = Field(default_factory=Run)
     faults: list[Fault] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references(self):
+        names = {lk.name for lk in self.population.links}
+        for i, shared in enumerate(self.population.shared_links):
+            for name in shared.links:
+                if name not in names:
+                    raise ValueError(f"population.shared_links[{i}].links: no link mix named {name!r} (have {sorted(names)})")
+        if self.population.availability.kind == "trace" and not self.population.availability.trace:
+            raise ValueError("population.availability.trace: kind trace needs a trace file")
+        return self
 
     @model_validator(mode="after")
     def _selection_fits(self):
@@ -324,11 +385,61 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> tuple[Scenario
         if not sep or not key:
             raise ScenarioError(f"--set {item!r}: expected key=value")
         _set_path(raw, key.strip(), yaml.safe_load(value))
+    _resolve_profiles(raw, path)
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as exc:
         raise ScenarioError(format_errors(source, exc)) from None
+    _resolve_paths(scenario, path)
     return scenario, scenario.model_dump(mode="json")
+
+
+DEFAULT_PROFILES = Path(__file__).resolve().parents[1] / "scenarios" / "profiles.yaml"
+
+
+def load_profiles(path: Path) -> dict:
+    try:
+        lib = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"profiles: {path} not found") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"profiles: {path} is not valid YAML: {exc}") from None
+    if not isinstance(lib, dict):
+        raise ScenarioError(f"profiles: {path} must map 'devices' and 'links' to profiles")
+    return lib
+
+
+def _resolve_profiles(raw: dict, scenario_path: Path) -> None:
+    """Replace `{profile: NAME, ...}` entries of population.devices/links by the library's fields,
+    with the entry's own keys taking precedence."""
+    population = raw.get("population")
+    if not isinstance(population, dict):
+        return
+    wanted = [(section, i, entry) for section in ("devices", "links") for i, entry in enumerate(population.get(section) or [])
+              if isinstance(entry, dict) and "profile" in entry]
+    if not wanted:
+        return
+    lib_path = Path(raw["profiles"]) if raw.get("profiles") else DEFAULT_PROFILES
+    if raw.get("profiles") and not lib_path.is_absolute():
+        lib_path = scenario_path.parent / lib_path
+    lib = load_profiles(lib_path)
+    for section, i, entry in wanted:
+        name = entry["profile"]
+        known = lib.get(section) or {}
+        if name not in known:
+            raise ScenarioError(f"population.{section}[{i}].profile: unknown profile {name!r} in {lib_path} "
+                                f"(known: {', '.join(sorted(known))})")
+        merged = {"name": name, **known[name], **{k: v for k, v in entry.items() if k != "profile"}}
+        population[section][i] = merged
+
+
+def _resolve_paths(sc: "Scenario", scenario_path: Path) -> None:
+    """Trace files are named relative to the scenario file."""
+    base = scenario_path.parent
+    for holder, key in ((sc.population.availability, "trace"), (sc.population, "capacity_trace")):
+        value = getattr(holder, key)
+        if value and not Path(value).is_absolute():
+            setattr(holder, key, str(base / value))
 
 
 __all__ = ["Scenario", "ScenarioError", "load_scenario", "DATASETS", "MODELS"]

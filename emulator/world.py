@@ -13,6 +13,7 @@ from node.privacy import noise_factor
 from node.schedule import BitSchedule
 from node.server import ServerConfig
 from protocol.codecs import make_codec
+from . import devices as dev_model
 from .links import INF, Framing
 from .network import Fault, Link
 from .scenario import Scenario, ScenarioError
@@ -25,6 +26,7 @@ class ClientInfo:
     device: str
     link_name: str
     link: Link
+    spec: dev_model.DeviceSpec | None = None
 
 
 @dataclass
@@ -38,6 +40,9 @@ class World:
     threads_per_host: int
     framing: Framing
     faults: list[Fault]
+    groups: dict[str, float]
+    group_of: dict[str, list[str]]
+    rto_s: float
 
 
 def mix_counts(shares: list[float], total: int) -> list[int]:
@@ -103,13 +108,25 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     links = assign_mix([lk.share for lk in sc.population.links], n, rng)
     hosts = min(sc.population.hosts or usable_cores(), n)
     width = max(4, len(str(n - 1)))
+    capacity = _trace_records(sc.population.capacity_trace, "population.capacity_trace")
+    behaviour = _trace_records(sc.population.availability.trace, "population.availability.trace") \
+        if sc.population.availability.kind == "trace" else None
     clients = []
     for i in range(n):
         dev = sc.population.devices[devices[i]]
         lk = sc.population.links[links[i]]
-        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], dev.ms_per_sample)
-        link = Link(lk.up_mbps * 1e6, lk.down_mbps * 1e6, lk.latency_ms / 1000.0)
-        clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link))
+        ms, up, down = dev.ms_per_sample, lk.up_mbps * 1e6, lk.down_mbps * 1e6
+        if capacity is not None:  # FedScale capacity: client i takes record i mod len, ids in sorted order
+            where = f"population.capacity_trace[{capacity[i % len(capacity)][0]}]"
+            try:
+                ms, kbps = dev_model.capacity_from_trace(capacity[i % len(capacity)][1], where)
+            except ValueError as exc:
+                raise ScenarioError(str(exc)) from None
+            up = down = kbps * 1e3
+        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms)
+        link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss)
+        spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
+        clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
     names = {c.profile.name for c in clients} | {"server"}
     faults = []
     for i, f in enumerate(sc.faults):
@@ -117,6 +134,14 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
             raise ScenarioError(f"faults[{i}].actor: no actor named {f.actor!r} (clients are c{0:0{width}d}..c{n - 1:0{width}d}, or 'server')")
         end = INF if f.duration_s is None else f.at_s + f.duration_s
         faults.append(Fault(f.kind, f.actor, f.at_s, end))
+    groups: dict[str, float] = {}
+    group_of: dict[str, list[str]] = {}
+    for shared in sc.population.shared_links:
+        groups[f"{shared.name}:up"] = mbps(shared.up_mbps)
+        groups[f"{shared.name}:down"] = mbps(shared.down_mbps)
+        for c in clients:
+            if c.link_name in shared.links:
+                group_of.setdefault(c.profile.name, []).append(shared.name)
     alg = sc.algorithm
     per_round = sc.selection.per_round(n)
     q = alg.quantization
@@ -127,17 +152,61 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         eval_every=sc.eval.every, eval_max_samples=sc.eval.max_samples, round_timeout_s=sc.round.timeout_s,
         aggregate_s=sc.server.aggregate_ms / 1000.0, schedule=schedule,
         samples={c.profile.name: int(c.profile.indices.size) for c in clients},
+        selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
+        checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
+        selection_params=_selection_params(sc),
     )
     dp = alg.privacy
     privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
                       noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n))
     client = ClientConfig(make_codec(alg.codec.up.model_dump()), sc.seed, schedule, q.lambda_h, privacy,
-                          alg.train, alg.shuffle)
+                          alg.train, alg.shuffle, sc.selection.checkin)
     sl = sc.server.link
     return World(
         task=task, clients=clients,
         server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0),
         server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
-        faults=faults,
+        faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0,
     )
+
+
+def _selection_params(sc: Scenario) -> dict[str, float]:
+    sel = sc.selection
+    if sel.policy == "resource_aware":
+        return {"min_battery": sel.min_battery, "max_cpu_load": sel.max_cpu_load, "min_up_mbps": sel.min_up_mbps}
+    if sel.policy == "fastest":
+        return {"explore": sel.explore}
+    return {}
+
+
+def _trace_records(path: str | None, key: str) -> list[tuple[str, dict]] | None:
+    if not path:
+        return None
+    try:
+        records = dev_model.load_trace_file(path)
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"{key}: {exc}") from None
+    return sorted(records.items(), key=lambda kv: (len(kv[0]), kv[0]))
+
+
+def _device_spec(sc: Scenario, i: int, dev, link_name: str, behaviour, rng: np.random.Generator) -> dev_model.DeviceSpec:
+    avail = sc.population.availability
+    if avail.kind == "markov":
+        availability = dev_model.MarkovAvailability(avail.mean_on_s, avail.mean_off_s, rng)
+    elif avail.kind == "trace":
+        cid, record = behaviour[i % len(behaviour)]
+        try:
+            availability = dev_model.behaviour_from_trace(record, f"population.availability.trace[{cid}]")
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
+    else:
+        availability = dev_model.AlwaysOn()
+    battery = None
+    if dev.battery_wh is not None:
+        capacity_j = dev.battery_wh * 3600.0
+        low, high = dev.battery_start
+        battery = dev_model.Battery(capacity_j, capacity_j * float(rng.uniform(low, high)),
+                                    charging=bool(rng.random() < dev.charging_share), charge_w=dev.charge_w, idle_w=dev.idle_w)
+    return dev_model.DeviceSpec(i, dev.name, link_name, availability, battery, dev.train_w, dev.j_per_mb_up,
+                                dev.j_per_mb_down, dev.load_mean, dev.load_period_s)

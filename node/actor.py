@@ -18,6 +18,7 @@ class Message:
     t: float  # emulated arrival time
     body: dict[str, Any]
     frames: Sequence[Any] = ()
+    device: dict[str, Any] | None = None  # the receiving device's state at t (battery, charging, cpu_load, link)
 
 
 @dataclass

@@ -61,6 +61,7 @@ class ClientConfig:
     privacy: Privacy = field(default_factory=Privacy)
     train: bool = True  # False: communication only, the received model goes back re-encoded
     shuffle: str = "every_epoch"
+    checkin: bool = False  # check in with the server whenever the device comes online
 
 
 class Trainer:
@@ -77,8 +78,9 @@ class Trainer:
         return state_to_numpy(self.model), result
 
 
-def training_seconds(ms_per_sample: float, samples: int, epochs: int) -> float:
-    return ms_per_sample * samples * epochs / 1000.0
+def training_seconds(ms_per_sample: float, samples: int, epochs: int, cpu_load: float = 0.0) -> float:
+    """Modelled training time; background CPU load leaves only (1 - load) of the device to us."""
+    return ms_per_sample * samples * epochs / 1000.0 / max(1e-3, 1.0 - cpu_load)
 
 
 class ClientActor:
@@ -88,6 +90,7 @@ class ClientActor:
         self.trainer = trainer
         self.cfg = cfg
         self.rejected = 0
+        self.generation = 0  # bumped when the device comes back online: work begun before is lost
         self.labels = trainer.task.train.y.numpy()[profile.indices]
         self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(profile.indices)
 
@@ -96,7 +99,16 @@ class ClientActor:
         print(f"[{self.name}] rejected task of round {msg.round}: {error}", file=sys.stderr)
         return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": error}])
 
+    def status(self, msg: Message) -> dict:
+        """What this client tells the server about itself: its device state plus its data size and speed."""
+        return {**(msg.device or {}), "samples": int(self.profile.indices.size), "ms_per_sample": self.profile.ms_per_sample}
+
     def react(self, msg: Message) -> Reaction:
+        if msg.kind == "online":
+            self.generation += 1
+            if self.cfg.checkin:
+                return Reaction(sends=[Send("server", "checkin", -1, self.status(msg))])
+            return Reaction()
         if msg.kind != "task":
             return Reaction()
         try:
@@ -121,8 +133,14 @@ class ClientActor:
             bits = self.cfg.schedule.client_bits(msg.round, bits, nu)
             codec = codec.with_bits(bits)
 
+        generation = self.generation
+
         def work() -> Reaction:
+            if generation != self.generation:
+                return Reaction()  # the device went off and on meanwhile: this work died with it
             info = {"samples": samples, "bits": bits, "nu": nu}
+            if self.cfg.checkin:
+                info["status"] = status
             if self.cfg.train:
                 new_state, result = self.trainer.train(state, self.profile.indices, local, rng, self.fixed_order)
                 info["loss"] = result.loss
@@ -137,7 +155,9 @@ class ClientActor:
             return Reaction(sends=[Send("server", "update", msg.round, info, encoded.frames,
                                        encoded.payload_bytes, encoded.fp32_bytes)])
 
-        return Reaction(work_s=training_seconds(self.profile.ms_per_sample, samples, local.epochs), work=work)
+        load = float((msg.device or {}).get("cpu_load", 0.0))
+        status = self.status(msg)
+        return Reaction(work_s=training_seconds(self.profile.ms_per_sample, samples, local.epochs, load), work=work)
 
     def _privatize(self, state, result: TrainingResult, local: LocalTraining, rng, info: dict):
         """Eq. 1.10-1.11: sensitivity from this round's Lipschitz estimate, then noise on the weights."""

@@ -74,7 +74,9 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
 
 
 def state_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    """A copy of the model's state. Never a view: the arrays may be sent without copying while the
+    same model trains the next client."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
 def load_numpy_state(model: nn.Module, state: dict[str, np.ndarray]) -> None:

@@ -117,7 +117,7 @@ class Runtime:
             print(f"[{self.peer}] delivery for unknown actor {env['dst']!r} dropped", file=sys.stderr)
             sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None))
             return
-        msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames)
+        msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames, env["device"])
         try:
             reaction = actor.react(msg)
         except Exception:

@@ -12,7 +12,7 @@ from .actor import Message, Reaction, Send
 from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule
-from .strategy import WeightedAverage, select_random
+from .strategy import WeightedAverage, select_clients
 from .training import evaluate
 
 
@@ -31,6 +31,12 @@ class ServerConfig:
     aggregate_s: float = 0.0  # modelled aggregation time
     schedule: BitSchedule = field(default_factory=BitSchedule)
     samples: dict[str, int] = field(default_factory=dict)  # n_i of each client, for n_max (Eq. 1.7)
+    selection: str = "random"  # random | resource_aware | fastest
+    selection_params: dict[str, float] = field(default_factory=dict)
+    over_selection: float = 1.0  # select ceil(K * this)
+    round_policy: str = "all"  # all: wait for every selected client (or the deadline); first_k: close at K updates
+    checkin: bool = False  # True: only clients that checked in are eligible, with their reported status
+    checkin_wait_s: float = 0.0  # how long to collect check-ins before a round when too few are eligible
 
 
 CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale")
@@ -49,6 +55,7 @@ class RoundState:
     losses: list[float] = field(default_factory=list)
     bits_down: int | None = None
     clients: dict[str, dict[str, Any]] = field(default_factory=dict)  # per selected client: what it reported, outcome
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # check-in status each was selected on
 
 
 class ServerActor:
@@ -65,11 +72,23 @@ class ServerActor:
         self.down: set[str] = set()
         self.round: RoundState | None = None
         self.late = 0
+        self.late_updates: list[dict[str, Any]] = []
+        # who may be selected, with their last reported status; without check-in, everyone
+        self.pool: dict[str, dict[str, Any]] = {} if cfg.checkin else {c: {} for c in self.clients}
+        self.last_round_end = 0.0
+        self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
 
     # ---- reactions --------------------------------------------------------------------------
     def react(self, msg: Message) -> Reaction:
         if msg.kind == "start":
-            return self._begin(0, msg.t)
+            return self._wait_then_begin(0, msg.t) if self.cfg.checkin else self._begin(0, msg.t)
+        if msg.kind == "checkin":
+            if msg.src not in self.down:
+                self.pool[msg.src] = {**msg.body, "checkin_t": msg.t}
+            return Reaction()
+        if msg.kind == "tick" and msg.body.get("tag", "").startswith("begin:"):
+            index = int(msg.body["tag"].split(":")[1])
+            return self._begin(index, msg.t) if self.round is None else Reaction()
         if msg.kind == "update":
             return self._on_update(msg)
         if msg.kind == "peer_down":
@@ -78,11 +97,23 @@ class ServerActor:
             return self._close(msg.t)
         return Reaction()
 
+    def _wait_then_begin(self, index: int, t: float) -> Reaction:
+        return Reaction(timers=[(t + self.cfg.checkin_wait_s, f"begin:{index}")])
+
     def _begin(self, index: int, t: float) -> Reaction:
         rng = np.random.default_rng([self.cfg.seed, index])
-        alive = [c for c in self.clients if c not in self.down]
-        selected = select_random(alive, self.cfg.clients_per_round, rng)
+        pool = {c: st for c, st in self.pool.items() if c not in self.down}
+        if self.cfg.checkin and not pool:  # nobody to ask: wait for check-ins
+            return self._wait_then_begin(index, t)
+        asked = min(len(pool), int(np.ceil(self.cfg.clients_per_round * self.cfg.over_selection)))
+        selected = select_clients(self.cfg.selection, pool, asked, rng, epochs=self.cfg.epochs,
+                                  down_bytes=self.model_bytes, up_bytes=self.model_bytes, **self.cfg.selection_params)
+        statuses = {name: pool[name] for name in selected}
+        if self.cfg.checkin:
+            for name in selected:  # a client must check in (or report back) again to be chosen again
+                self.pool.pop(name, None)
         self.round = RoundState(index, t, selected, set(selected))
+        self.round.statuses = statuses
         if not selected:
             return self._close(t)
         codec = self.cfg.down_codec
@@ -100,8 +131,11 @@ class ServerActor:
 
     def _on_update(self, msg: Message) -> Reaction:
         rnd = self.round
+        if self.cfg.checkin and msg.body.get("status") and msg.src not in self.down:
+            self.pool[msg.src] = {**msg.body["status"], "checkin_t": msg.t}  # reporting back is a check-in
         if rnd is None or msg.round != rnd.index or msg.src not in rnd.waiting:
             self.late += 1
+            self.late_updates.append({"round": msg.round, "client": msg.src, "t": msg.t})
             return Reaction()
         rnd.waiting.discard(msg.src)
         record = {k: msg.body.get(k) for k in CLIENT_FIELDS}
@@ -120,7 +154,8 @@ class ServerActor:
             rnd.clients[msg.src] = {**record, "t_update": msg.t, "outcome": "ok"}
             if msg.body.get("loss") is not None:
                 rnd.losses.append(float(msg.body["loss"]))
-        return self._close(msg.t) if not rnd.waiting else Reaction()
+        enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round
+        return self._close(msg.t) if enough or not rnd.waiting else Reaction()
 
     def _on_down(self, msg: Message) -> Reaction:
         lost = set(msg.body.get("actors", []))
@@ -141,9 +176,9 @@ class ServerActor:
         if rnd is None:
             return Reaction()
         self.round = None
-        rnd.failed.extend(sorted(rnd.waiting))  # deadline: whoever has not answered
+        rnd.failed.extend(sorted(rnd.waiting))  # deadline or enough updates: whoever has not answered
         for name in rnd.waiting:
-            rnd.clients[name] = {"outcome": "late"}
+            rnd.clients[name] = {"outcome": "no_update"}
         t_end = t + self.cfg.aggregate_s
 
         def work():
@@ -161,13 +196,20 @@ class ServerActor:
 
         return Reaction(work_s=self.cfg.aggregate_s, work=work)
 
+    def _take_late(self) -> list[dict[str, Any]]:
+        late, self.late_updates = self.late_updates, []
+        return late
+
     def _report(self, rnd: RoundState, t_end: float):
         base: dict[str, Any] = {
             "type": "round", "round": rnd.index, "t_start": rnd.t_start, "t_end": t_end,
             "selected": len(rnd.selected), "completed": len(rnd.completed), "failed": len(rnd.failed),
             "rejected": rnd.rejected, "train_loss": float(np.mean(rnd.losses)) if rnd.losses else None,
             "bits_down": rnd.bits_down,
-            "clients": [{"client": name, **rnd.clients.get(name, {"outcome": "unknown"})} for name in rnd.selected],
+            "late_updates": self._take_late(),
+            "clients": [{"client": name, **rnd.clients.get(name, {"outcome": "unknown"}),
+                         "status": rnd.statuses.get(name) or None, "checkin_t": (rnd.statuses.get(name) or {}).get("checkin_t")}
+                        for name in rnd.selected],
         }
         due = self.cfg.eval_every > 0 and (rnd.index % self.cfg.eval_every == 0 or rnd.index + 1 == self.cfg.rounds)
         if not due:

@@ -34,3 +34,48 @@ class WeightedAverage:
         if self.total <= 0:
             return dict(like)
         return {name: (self.sums[name] / self.total).astype(np.asarray(like[name]).dtype) for name in like}
+
+
+# ---- selection among checked-in clients -----------------------------------------------------------
+SELECTION_POLICIES = ("random", "resource_aware", "fastest")
+
+
+def meets_resources(status: Mapping, min_battery: float, max_cpu_load: float, min_up_mbps: float) -> bool:
+    """Resource-aware eligibility from a check-in status; a charging device passes the battery test."""
+    battery = status.get("battery")
+    if battery is not None and not status.get("charging") and battery < min_battery:
+        return False
+    if status.get("cpu_load", 0.0) > max_cpu_load:
+        return False
+    return status.get("up_mbps", float("inf")) >= min_up_mbps
+
+
+def expected_seconds(status: Mapping, epochs: int, down_bytes: int, up_bytes: int) -> float:
+    """A client's expected round time from its check-in: download, compute slowed by its CPU
+    load, upload. The `fastest` policy ranks by it."""
+    compute = status.get("ms_per_sample", 0.0) * status.get("samples", 0) * epochs / 1000.0
+    compute /= max(1e-3, 1.0 - status.get("cpu_load", 0.0))
+    down = down_bytes * 8 / (status.get("down_mbps", float("inf")) * 1e6)
+    up = up_bytes * 8 / (status.get("up_mbps", float("inf")) * 1e6)
+    return down + compute + up
+
+
+def select_clients(policy: str, pool: Mapping[str, Mapping], k: int, rng: np.random.Generator, *,
+                   min_battery: float = 0.0, max_cpu_load: float = 1.0, min_up_mbps: float = 0.0,
+                   explore: float = 0.1, epochs: int = 1, down_bytes: int = 0, up_bytes: int = 0) -> list[str]:
+    """k clients from `pool` (name -> check-in status), in name order.
+
+    random: uniform. resource_aware: uniform among those meeting the thresholds. fastest: the
+    ceil((1 - explore) k) with the lowest expected round time, the rest uniform among the others
+    (exploration keeps slow clients' data in the model, as Oort does)."""
+    if policy == "random":
+        return select_random(list(pool), k, rng)
+    if policy == "resource_aware":
+        fit = [n for n, st in pool.items() if meets_resources(st, min_battery, max_cpu_load, min_up_mbps)]
+        return select_random(fit, k, rng)
+    if policy == "fastest":
+        ranked = sorted(pool, key=lambda n: (expected_seconds(pool[n], epochs, down_bytes, up_bytes), n))
+        exploit = ranked[: min(k, int(np.ceil((1 - explore) * k)))]
+        rest = [n for n in ranked if n not in set(exploit)]
+        return sorted(exploit + select_random(rest, k - len(exploit), rng))
+    raise ValueError(f"selection policy must be one of {SELECTION_POLICIES}, got {policy!r}")

@@ -11,7 +11,7 @@ import msgpack
 VERSION = 1
 MAX_ENVELOPE_BYTES = 1 << 20
 
-KINDS = frozenset({"start", "task", "update", "checkin", "stats", "gossip", "tick", "peer_down", "error"})
+KINDS = frozenset({"start", "task", "update", "checkin", "stats", "gossip", "tick", "peer_down", "online", "error"})
 
 _STR, _INT, _NUM, _MAP, _LIST = str, int, (int, float), dict, list
 _OPTIONAL = object()
@@ -21,7 +21,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "hello": {"peer": _STR, "actors": _LIST},
     "send": {"src": _STR, "dst": (str, list), "kind": _STR, "round": _INT, "t": _NUM, "n": _INT, "body": _MAP,
              "payload": _INT, "fp32": _INT},
-    "deliver": {"src": _STR, "dst": _STR, "kind": _STR, "round": _INT, "t": _NUM, "hold": _INT, "body": _MAP},
+    "deliver": {"src": _STR, "dst": _STR, "kind": _STR, "round": _INT, "t": _NUM, "hold": _INT, "body": _MAP,
+                "device": (dict, type(None))},
     "done": {"actor": _STR, "hold": _INT, "busy_until": (int, float, type(None))},
     "timer": {"actor": _STR, "at": _NUM, "tag": _STR},
     "report": {"body": _MAP},

@@ -27,13 +27,15 @@ population:
     - {{name: b, share: 0.5, up_mbps: 7, down_mbps: 15, latency_ms: 12}}
 server:
   link: {{up_mbps: 10, down_mbps: 10, latency_ms: 2}}
-selection: {{clients_per_round: 3}}
+selection: {{clients_per_round: 4}}
 algorithm: {{local_epochs: 1, batch_size: 16}}
-eval: {{every: 0}}
+eval: {{every: 1}}
 """
 
+# The model too: two clients of one host train one after the other on a shared model while the
+# first one's update may still be on its way out, which once corrupted updates.
 TIME_AND_BYTES = ["round", "t_start", "t_end", "selected", "completed", "payload_bytes_down", "payload_bytes_up",
-                  "wire_bytes_down", "wire_bytes_up"]
+                  "wire_bytes_down", "wire_bytes_up", "train_loss", "accuracy", "test_loss"]
 
 
 def run_synth(tmp_path, name, seed):

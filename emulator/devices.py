@@ -1,0 +1,187 @@
+"""Devices in emulated time, as pure functions and small seeded processes: availability (always,
+two-state Markov, FedScale-style traces), background CPU load, and the battery.
+
+The network process owns one DeviceState per client and asks these what happens when; nothing
+here touches sockets or wall time."""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+INF = math.inf
+
+
+# ---- availability -------------------------------------------------------------------------------
+class Availability:
+    """A device's on/off timeline: initially_on, then the transition times in increasing order."""
+
+    initially_on: bool = True
+
+    def transitions(self) -> Iterator[float]:
+        return iter(())
+
+
+class AlwaysOn(Availability):
+    pass
+
+
+class MarkovAvailability(Availability):
+    """Two-state continuous-time Markov chain: on-periods ~ Exp(mean_on_s), off-periods ~
+    Exp(mean_off_s); starts on with the stationary probability mean_on / (mean_on + mean_off)."""
+
+    def __init__(self, mean_on_s: float, mean_off_s: float, rng: np.random.Generator):
+        self.mean_on, self.mean_off, self.rng = mean_on_s, mean_off_s, rng
+        self.initially_on = bool(rng.random() < mean_on_s / (mean_on_s + mean_off_s))
+
+    def transitions(self) -> Iterator[float]:
+        t, on = 0.0, self.initially_on
+        while True:
+            t += float(self.rng.exponential(self.mean_on if on else self.mean_off))
+            on = not on
+            yield t
+
+
+class TraceAvailability(Availability):
+    """FedScale's client behaviour trace: on from each active[i] until the next inactive time,
+    repeating with period finish_time (FedScale takes the time modulo finish_time)."""
+
+    def __init__(self, active: list[float], inactive: list[float], finish_time: float):
+        if finish_time <= 0:
+            raise ValueError(f"finish_time must be > 0, got {finish_time}")
+        events = sorted([(float(t), True) for t in active] + [(float(t), False) for t in inactive])
+        if any(not 0 <= t <= finish_time for t, _ in events):
+            raise ValueError("active/inactive times must lie within [0, finish_time]")
+        self.period = float(finish_time)
+        self.events = events
+        self.initially_on = self.on_at(0.0)
+
+    def on_at(self, t: float) -> bool:
+        phase = t % self.period
+        state = False
+        for at, on in self.events:
+            if at > phase:
+                break
+            state = on
+        return state
+
+    def transitions(self) -> Iterator[float]:
+        if not self.events:
+            return
+        state, base = self.initially_on, 0.0
+        while True:
+            for at, on in self.events:
+                t = base + at
+                if t > 0 and on != state:
+                    state = on
+                    yield t
+            base += self.period
+
+
+def load_trace_file(path: str | Path) -> dict[str, Any]:
+    """A FedScale trace: a pickle (as FedScale ships them) or JSON with the same structure."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        try:
+            obj = pickle.loads(data)  # noqa: S301  (a local file the user named, never the wire)
+        except Exception as exc:  # pickle raises many unrelated types
+            raise ValueError(f"{path}: neither JSON nor a pickle ({type(exc).__name__})") from None
+    if not isinstance(obj, dict) or not obj:
+        raise ValueError(f"{path}: expected a non-empty mapping of client id to record")
+    return {str(k): v for k, v in obj.items()}
+
+
+def behaviour_from_trace(record: Any, where: str) -> TraceAvailability:
+    if not isinstance(record, dict) or not {"active", "inactive", "finish_time"} <= set(record):
+        raise ValueError(f"{where}: a behaviour record needs 'active', 'inactive' and 'finish_time'")
+    return TraceAvailability(list(record["active"]), list(record["inactive"]), float(record["finish_time"]))
+
+
+def capacity_from_trace(record: Any, where: str) -> tuple[float, float]:
+    """(ms per sample, kbit/s) of a FedScale capacity record."""
+    if not isinstance(record, dict) or not {"computation", "communication"} <= set(record):
+        raise ValueError(f"{where}: a capacity record needs 'computation' and 'communication'")
+    comp, comm = float(record["computation"]), float(record["communication"])
+    if comp <= 0 or comm <= 0:
+        raise ValueError(f"{where}: computation and communication must be > 0")
+    return comp, comm
+
+
+# ---- CPU load -----------------------------------------------------------------------------------
+def cpu_load(seed: int, device: int, t: float, period_s: float, mean: float, concentration: float = 10.0) -> float:
+    """Background CPU load at emulated time t: piecewise constant over periods of period_s, each a
+    Beta draw with the given mean (concentration a + b), keyed by (seed, device, period) so any
+    process computes the same value. Load slows compute: time = base / (1 - load)."""
+    if mean <= 0:
+        return 0.0
+    k = int(t // period_s) if period_s > 0 else 0
+    rng = np.random.default_rng([seed, device, k, 0xC0])
+    a, b = mean * concentration, (1 - mean) * concentration
+    return float(min(rng.beta(a, b), 0.95))
+
+
+# ---- battery ------------------------------------------------------------------------------------
+@dataclass
+class Battery:
+    capacity_j: float
+    level_j: float
+    charging: bool = False
+    charge_w: float = 0.0
+    idle_w: float = 0.0
+    t: float = 0.0  # time of level_j
+
+    def advance(self, t: float) -> None:
+        """Idle drain (or charging) from self.t to t."""
+        dt = max(0.0, t - self.t)
+        if self.charging:
+            self.level_j = min(self.capacity_j, self.level_j + self.charge_w * dt)
+        else:
+            self.level_j = max(0.0, self.level_j - self.idle_w * dt)
+        self.t = max(self.t, t)
+
+    def spend(self, joules: float) -> float:
+        """Take `joules`; returns how much could not be paid (0 unless the battery ran dry).
+        A charging device runs on mains power and never runs dry."""
+        if self.charging:
+            return 0.0
+        short = max(0.0, joules - self.level_j)
+        self.level_j = max(0.0, self.level_j - joules)
+        return short
+
+    @property
+    def fraction(self) -> float:
+        return self.level_j / self.capacity_j if self.capacity_j > 0 else 1.0
+
+
+def seconds_until_empty(level_j: float, power_w: float) -> float:
+    return INF if power_w <= 0 else level_j / power_w
+
+
+@dataclass
+class DeviceSpec:
+    """Everything the network needs about one client's device (from profiles and the world)."""
+
+    index: int
+    device: str
+    link: str
+    availability: Availability = field(default_factory=AlwaysOn)
+    battery: Battery | None = None  # None: mains powered, no battery model
+    train_w: float = 0.0  # power while training
+    j_per_mb_up: float = 0.0
+    j_per_mb_down: float = 0.0
+    load_mean: float = 0.0
+    load_period_s: float = 60.0
+
+
+def stable_key(*parts: Any) -> int:
+    """A seed component from strings and ints that is the same in every process."""
+    return zlib.crc32("|".join(map(str, parts)).encode())
