@@ -41,6 +41,13 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
         f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB"
     )
     click.echo(f"results: {summary['run_dir']}")
+    try:
+        from .report import plot
+
+        plots = plot(Path(summary["run_dir"]))
+        click.echo(f"plots: {len(plots)} in {Path(summary['run_dir']) / 'plots'}")
+    except Exception as exc:  # plotting must never cost the results, which are already on disk
+        click.echo(f"warning: plots not written ({type(exc).__name__}: {exc})", err=True)
     if summary.get("reason"):
         click.echo(f"reason: {summary['reason']}", err=True)
     sys.exit({"completed": 0, "interrupted": 130}.get(summary["status"], 1))
@@ -78,3 +85,20 @@ def compare_cmd(run_dirs: tuple[Path, ...], target: float | None, out: Path) -> 
     click.echo(markdown(rows), nl=False)
     csv_path, md_path = write(rows, out)
     click.echo(f"written: {csv_path} {md_path}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--round", "gantt_round", type=int, help="Round for the Gantt timeline (default: the one with most dropouts).")
+def report(run_dir: Path, gantt_round: int | None) -> None:
+    """Print RUN_DIR's summary and write its plots to RUN_DIR/plots."""
+    from .report import ReportError, load, plot, summary_text
+
+    try:
+        summary, _, _ = load(run_dir)
+        click.echo(summary_text(summary))
+        for path in plot(run_dir, gantt_round):
+            click.echo(f"plot: {path}")
+    except ReportError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)

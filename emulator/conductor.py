@@ -226,6 +226,9 @@ class Conductor:
                 lag = f"  lag p99 {1000 * body['lag']['p99_s']:.1f} ms"
             writer.write_summary("running", wall_time_s=wall)
             acc = f"  acc {row['accuracy']:.4f}" if row.get("accuracy") is not None else ""
+            if row.get("bits_down") is not None:
+                up = f"/{row['bits_up_mean']:.1f}" if row.get("bits_up_mean") is not None else ""
+                acc = f"  bits {row['bits_down']}{up}{acc}"
             self.say(
                 f"round {row['round'] + 1}/{self.sc.rounds}  t={row['t_end']:.3f}s  "
                 f"ok {row['completed']}/{row['selected']} failed {row['failed']}  "

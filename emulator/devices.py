@@ -72,15 +72,16 @@ class TraceAvailability(Availability):
         return state
 
     def transitions(self) -> Iterator[float]:
-        if not self.events:
-            return
         state, base = self.initially_on, 0.0
         while True:
+            changed = False
             for at, on in self.events:
                 t = base + at
                 if t > 0 and on != state:
-                    state = on
+                    state, changed = on, True
                     yield t
+            if not changed and base > 0:
+                return  # a whole period without a change: the state never changes again
             base += self.period
 
 

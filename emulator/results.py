@@ -20,7 +20,7 @@ ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "wall_s", "selected",
                 "payload_bytes_down", "payload_bytes_up", "wire_bytes_down", "wire_bytes_up",
                 "fp32_bytes_down", "fp32_bytes_up", "wasted_bytes", "bits_down", "bits_up_mean", "noise_scale_mean",
                 "train_loss", "accuracy", "test_loss"]
-CLIENT_FIELDS = ["round", "client", "outcome", "samples", "checkin_t", "battery", "cpu_load", "link", "selected_t",
+CLIENT_FIELDS = ["round", "client", "outcome", "samples", "checkin_t", "battery", "charging", "cpu_load", "link", "selected_t",
                  "download_start", "download_end", "compute_start", "compute_end", "upload_start", "upload_end",
                  "payload_bytes_down", "payload_bytes_up", "energy_j", "bits_down", "bits_up", "nu", "loss",
                  "lipschitz", "sensitivity", "noise_scale"]
@@ -58,7 +58,6 @@ class RunWriter:
         self._devices = csv.DictWriter(self._devices_file, fieldnames=DEVICE_FIELDS)
         self._devices.writeheader()
         self.device_events: dict[str, list[dict]] = defaultdict(list)
-        self.pending_clients: list[dict] = []  # the previous round's rows, written once late updates are known
         self.outcomes: dict[str, int] = defaultdict(int)
         self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.per_client: dict[tuple[int, str], dict[str, Any]] = {}
@@ -89,20 +88,11 @@ class RunWriter:
         self._devices.writerow({k: rec.get(k) for k in DEVICE_FIELDS})
         self.device_events[rec["client"]].append(rec)
 
-    def _flush_clients(self, late: list[dict]) -> None:
-        late_keys = {(u["round"], u["client"]) for u in late}
-        for row in self.pending_clients:
-            if (row["round"], row["client"]) in late_keys:
-                row["outcome"] = "late"
-            self.outcomes[row["outcome"]] += 1
-        self._clients.writerows(self.pending_clients)
-        self.pending_clients = []
-
     def round(self, rep: dict, wall_s: float) -> dict:
         sums = self.per_round.get(rep["round"], {})
         clients = [self._client_row(rep, c) for c in rep.get("clients", [])]
-        self._flush_clients(rep.get("late_updates", []))
-        self.pending_clients = clients
+        for c in clients:
+            self.outcomes[c["outcome"]] += 1
         for name in list(self.device_events):  # only this round's events can still matter
             self.device_events[name] = [e for e in self.device_events[name] if e["t"] >= rep["t_start"]]
         ok = [c for c in clients if c["outcome"] == "ok"]
@@ -117,6 +107,7 @@ class RunWriter:
         }
         self.rows.append(row)
         self._rounds.writerow(row)
+        self._clients.writerows(clients)
         for f in (self._rounds_file, self._transfers_file, self._clients_file, self._devices_file):
             f.flush()
         return row
@@ -129,7 +120,8 @@ class RunWriter:
         row.update({k: v for k, v in reported.items() if k in CLIENT_FIELDS})
         row["bits_up"] = reported.get("bits")
         status = reported.get("status") or {}
-        row.update(checkin_t=reported.get("checkin_t"), battery=status.get("battery"), cpu_load=status.get("cpu_load"),
+        row.update(checkin_t=reported.get("checkin_t"), battery=status.get("battery"), charging=status.get("charging"),
+                   cpu_load=status.get("cpu_load"),
                    link=status.get("link"), selected_t=rep["t_start"])
         if row.get("download_end") is not None:
             row["compute_start"] = row["download_end"]
@@ -138,16 +130,16 @@ class RunWriter:
         events = [e for e in self.device_events.get(reported["client"], []) if rep["t_start"] <= e["t"] <= rep["t_end"]]
         row["energy_j"] = sum(e.get("energy_j") or 0.0 for e in events)
         if row["outcome"] == "no_update":
+            # Dropped if its device or link failed during the round; late if it had its task and was
+            # still working when the round closed (its update, if it comes, is discarded).
             reason = DROP_REASONS.get(lost) or next((DROP_REASONS[e["event"]] for e in events if e["event"] in DROP_REASONS), None)
-            row["outcome"] = reason or row["outcome"]
+            row["outcome"] = reason or ("late" if row.get("download_end") is not None else "no_update")
         return row
 
     def incident(self, what: str, **details: Any) -> None:
         self.incidents.append({"what": what, **details})
 
     def write_summary(self, status: str, **extra: Any) -> dict:
-        if status != "running":
-            self._flush_clients([])
         rows = self.rows
         total = lambda key: sum(r[key] for r in rows)  # noqa: E731
         evaluated = [r for r in rows if r.get("accuracy") is not None]
@@ -187,7 +179,6 @@ class RunWriter:
         return self.summary
 
     def close(self) -> None:
-        self._flush_clients([])
         for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file):
             if not f.closed:
                 f.close()

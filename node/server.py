@@ -72,7 +72,6 @@ class ServerActor:
         self.down: set[str] = set()
         self.round: RoundState | None = None
         self.late = 0
-        self.late_updates: list[dict[str, Any]] = []
         # who may be selected, with their last reported status; without check-in, everyone
         self.pool: dict[str, dict[str, Any]] = {} if cfg.checkin else {c: {} for c in self.clients}
         self.last_round_end = 0.0
@@ -135,7 +134,6 @@ class ServerActor:
             self.pool[msg.src] = {**msg.body["status"], "checkin_t": msg.t}  # reporting back is a check-in
         if rnd is None or msg.round != rnd.index or msg.src not in rnd.waiting:
             self.late += 1
-            self.late_updates.append({"round": msg.round, "client": msg.src, "t": msg.t})
             return Reaction()
         rnd.waiting.discard(msg.src)
         record = {k: msg.body.get(k) for k in CLIENT_FIELDS}
@@ -196,17 +194,12 @@ class ServerActor:
 
         return Reaction(work_s=self.cfg.aggregate_s, work=work)
 
-    def _take_late(self) -> list[dict[str, Any]]:
-        late, self.late_updates = self.late_updates, []
-        return late
-
     def _report(self, rnd: RoundState, t_end: float):
         base: dict[str, Any] = {
             "type": "round", "round": rnd.index, "t_start": rnd.t_start, "t_end": t_end,
             "selected": len(rnd.selected), "completed": len(rnd.completed), "failed": len(rnd.failed),
             "rejected": rnd.rejected, "train_loss": float(np.mean(rnd.losses)) if rnd.losses else None,
             "bits_down": rnd.bits_down,
-            "late_updates": self._take_late(),
             "clients": [{"client": name, **rnd.clients.get(name, {"outcome": "unknown"}),
                          "status": rnd.statuses.get(name) or None, "checkin_t": (rnd.statuses.get(name) or {}).get("checkin_t")}
                         for name in rnd.selected],

@@ -118,3 +118,36 @@ def test_validate_command_accepts_good_and_sets(tmp_path):
     assert "3 clients" in res.stdout
     res = run_cli("validate", str(path), "--set", "population.clients=0", timeout=60)
     assert res.returncode == 2 and "population.clients: must be >= 1, got 0" in res.stderr
+
+
+@needs_mnist
+def test_every_shipped_scenario_validates():
+    shipped = sorted(REPO.glob("scenarios/*.yaml")) + sorted(REPO.glob("scenarios/paper/*.yaml"))
+    shipped = [p for p in shipped if p.name != "profiles.yaml"]
+    assert len(shipped) >= 8
+    for path in shipped:
+        res = run_cli("validate", str(path))
+        assert res.returncode == 0, f"{path}: {res.stderr}"
+
+
+@needs_mnist
+def test_edge_1000_shortened(tmp_path):
+    """The flagship, two rounds: 1000 clients check in, 130 are asked, the first 100 count."""
+    out = tmp_path / "edge"
+    res = run_cli("run", str(REPO / "scenarios" / "edge_1000.yaml"), "--set", "rounds=2", "--set", "eval.every=0",
+                  "--out", str(out), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 2
+    with open(out / "rounds.csv") as f:
+        rounds = list(csv.DictReader(f))
+    for r in rounds:
+        assert int(r["selected"]) == 130 and int(r["completed"]) == 100
+    assert [int(r["bits_down"]) for r in rounds] == [32, 20]  # cosine over 2 rounds
+    with open(out / "clients.csv") as f:
+        clients = list(csv.DictReader(f))
+    assert len(clients) == 260
+    # resource-aware: at least 20 % battery at check-in, unless charging or mains powered
+    assert all(c["battery"] == "" or c["charging"] == "True" or float(c["battery"]) >= 0.2 for c in clients)
+    assert {c["outcome"] for c in clients} >= {"ok", "late"}
+    assert summary["privacy"]["mechanism"] == "laplace" and summary["mean_noise_scale"] > 0

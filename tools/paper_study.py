@@ -38,7 +38,8 @@ def main() -> int:
             cmd += ["--set", s]
         print(f"== {mode}: {' '.join(sets)}", flush=True)
         res = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
-        print(res.stdout.strip().splitlines()[-2] if res.stdout.strip() else "(no output)", flush=True)
+        done = [line for line in res.stdout.splitlines() if line.startswith(("completed", "failed", "interrupted"))]
+        print(done[-1] if done else "(no summary line)", flush=True)
         if res.returncode != 0:
             print(f"{mode} failed with exit code {res.returncode}", file=sys.stderr)
             return res.returncode
