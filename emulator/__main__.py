@@ -1,3 +1,4 @@
 from .cli import main
 
-main()
+if __name__ == "__main__":  # also keeps spawned children (the network process) from rerunning the CLI
+    main()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,11 +30,45 @@ RSS_EVERY_S = 0.5
 STOP_GRACE_S = 3.0
 
 
+class FreshProcess:
+    """A child started as a new interpreter rather than forked, with multiprocessing.Process's
+    interface. The network process needs neither torch nor the data; forked, it would carry
+    (and count in its RSS) about 0.5 GB of both. Its arguments travel as a pickle on stdin,
+    between two processes of one run, never over the network."""
+
+    def __init__(self, module: str, function: str, args: tuple):
+        code = f"import pickle, sys; from {module} import {function}; {function}(*pickle.load(sys.stdin.buffer))"
+        # Its own session: the terminal's Ctrl-C reaches only the conductor, which stops everyone.
+        self._popen = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, start_new_session=True)
+        self._popen.stdin.write(pickle.dumps(args))
+        self._popen.stdin.close()
+        self.pid = self._popen.pid
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def terminate(self) -> None:
+        self._popen.terminate()
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+
 @dataclass
 class Child:
     name: str
     role: str  # network | server | host
-    proc: mp.Process
+    proc: mp.Process | FreshProcess
     lost: bool = False
 
 
@@ -67,7 +103,7 @@ class Conductor:
 
     # ---- processes -----------------------------------------------------------------------------
     def _spawn(self, world: World, endpoint: str) -> None:
-        ctx = mp.get_context("fork")  # children inherit the imported modules and the loaded data
+        ctx = mp.get_context("fork")  # node processes inherit the imported modules and the loaded data
         me = os.getpid()
         links = {c.profile.name: c.link for c in world.clients}
         links[SERVER] = world.server_link
@@ -85,8 +121,11 @@ class Conductor:
             specs.append((name, "host", host_main,
                           (name, endpoint, profiles, world.task, world.client, world.threads_per_host, me)))
         for name, role, target, args in specs:
-            proc = ctx.Process(target=target, args=args, name=f"flemu-{name}", daemon=False)
-            proc.start()
+            if role == "network":
+                proc = FreshProcess("emulator.network", "network_main", args)
+            else:
+                proc = ctx.Process(target=target, args=args, name=f"flemu-{name}", daemon=False)
+                proc.start()
             self.children.append(Child(name, role, proc))
 
     def _stop_children(self) -> None:

@@ -526,7 +526,7 @@ class Network:
 
 
 def network_main(cfg: NetworkConfig) -> None:
-    from node.processes import detach_from_terminal_signals  # noqa: PLC0415  (same hardening as node processes)
+    from node.lifecycle import detach_from_terminal_signals  # noqa: PLC0415  (same hardening as node processes)
 
     detach_from_terminal_signals(cfg.parent_pid, "network")
     Network(cfg).run()

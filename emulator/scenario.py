@@ -11,8 +11,6 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from node.data import DATASETS
-from node.models import MODELS
 from protocol.codecs import CodecError, make_codec
 
 
@@ -442,4 +440,4 @@ def _resolve_paths(sc: "Scenario", scenario_path: Path) -> None:
             setattr(holder, key, str(base / value))
 
 
-__all__ = ["Scenario", "ScenarioError", "load_scenario", "DATASETS", "MODELS"]
+__all__ = ["Scenario", "ScenarioError", "load_scenario"]

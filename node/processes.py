@@ -2,34 +2,12 @@
 world from the conductor and run a Runtime until told to stop."""
 from __future__ import annotations
 
-import ctypes
-import os
-import signal
-
 import torch
 
+from .lifecycle import detach_from_terminal_signals
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
 from .runtime import Runtime
 from .server import ServerActor, ServerConfig
-
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
-
-
-def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
-    """Die with the parent, name the process (for ps and top), and let the conductor alone decide
-    about Ctrl-C."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        libc.prctl(PR_SET_NAME, f"flemu-{name}"[:15].encode())
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-
 
 def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig,
               threads: int, parent_pid: int) -> None:
