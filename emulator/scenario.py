@@ -217,6 +217,7 @@ class Algorithm(Strict):
     lr: float = Field(0.05, gt=0)
     train: bool = Field(True, description="false: communication only; clients return the model unchanged")
     shuffle: Literal["every_epoch", "once"] = Field("every_epoch", description="once: fixed batches replayed every epoch")
+    prox_mu: float = Field(0.0, ge=0, description="FedProx proximal weight mu on the client (0: plain local SGD)")
     codec: Codecs = Field(default_factory=Codecs)
     quantization: Quantization = Field(default_factory=Quantization)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)

@@ -160,7 +160,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
                       noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n))
     client = ClientConfig(make_codec(alg.codec.up.model_dump()), sc.seed, schedule, q.lambda_h, privacy,
-                          alg.train, alg.shuffle, sc.selection.checkin)
+                          alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu)
     sl = sc.server.link
     return World(
         task=task, clients=clients,

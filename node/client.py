@@ -62,6 +62,7 @@ class ClientConfig:
     train: bool = True  # False: communication only, the received model goes back re-encoded
     shuffle: str = "every_epoch"
     checkin: bool = False  # check in with the server whenever the device comes online
+    prox_mu: float = 0.0  # FedProx proximal weight (0: plain FedAvg local training)
 
 
 class Trainer:
@@ -111,16 +112,11 @@ class ClientActor:
             return Reaction()
         if msg.kind != "task":
             return Reaction()
-        try:
-            state, basis = decode_state(msg.frames, self.trainer.spec)
-        except CodecError as exc:
-            return self._reject(msg, str(exc))
-        if basis != "weights":
-            return self._reject(msg, "task must carry weights")
         body = msg.body
         local = LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
                               clip=self.cfg.privacy.clip, clip_norm=self.cfg.privacy.clip_norm,
-                              estimate_lipschitz=self.cfg.privacy.mechanism != "none", shuffle=self.cfg.shuffle)
+                              estimate_lipschitz=self.cfg.privacy.mechanism != "none", shuffle=self.cfg.shuffle,
+                              prox_mu=self.cfg.prox_mu)
         samples = int(self.profile.indices.size)
         rng = np.random.default_rng([self.cfg.seed, msg.round, self.profile.index])
         nu = 1.0
@@ -135,9 +131,15 @@ class ClientActor:
 
         generation = self.generation
 
-        def work() -> Reaction:
-            if generation != self.generation:
-                return Reaction()  # the device went off and on meanwhile: this work died with it
+        def work():
+            # Decoded only now: a host may hold tasks for dozens of clients waiting their turn, and the
+            # encoded frames are several times smaller than the dequantized float32 model.
+            try:
+                state, basis = decode_state(msg.frames, self.trainer.spec)
+            except CodecError as exc:
+                return self._reject(msg, str(exc))
+            if basis != "weights":
+                return self._reject(msg, "task must carry weights")
             info = {"samples": samples, "bits": bits, "nu": nu}
             if self.cfg.checkin:
                 info["status"] = status
@@ -152,8 +154,14 @@ class ClientActor:
                 encoded = encode_state(payload, codec, rng, basis="delta")
             else:
                 encoded = encode_state(new_state, codec, rng)
-            return Reaction(sends=[Send("server", "update", msg.round, info, encoded.frames,
-                                       encoded.payload_bytes, encoded.fp32_bytes)])
+            update = Send("server", "update", msg.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
+
+            def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before
+                if generation != self.generation:
+                    return Reaction()  # the device went off and on meanwhile: this work died with it
+                return Reaction(sends=[update])
+
+            return deliver
 
         load = float((msg.device or {}).get("cpu_load", 0.0))
         status = self.status(msg)

@@ -2,6 +2,7 @@
 unless the scenario allows it."""
 from __future__ import annotations
 
+import gzip
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,56 @@ def default_data_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fl-emulator" / "data"
 
 
+FOLDERS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
+IDX_FILES = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+             False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (the MNIST format: 0, 0, dtype 0x08 = uint8, ndim, big-endian int32 sizes, data),
+    plain or gzipped."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DataError(f"{path}: not an IDX file of unsigned bytes")
+    ndim = raw[3]
+    dims = np.frombuffer(raw, ">i4", count=ndim, offset=4).astype(int)
+    data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise DataError(f"{path}: header says {tuple(dims)} but holds {data.size} bytes")
+    return data.reshape(tuple(dims))
+
+
+def _raw_files(name: str, root: Path) -> dict[bool, tuple[Path, Path]] | None:
+    folder = root / FOLDERS[name] / "raw"
+    found = {}
+    for train, files in IDX_FILES.items():
+        paths = []
+        for file in files:
+            plain, packed = folder / file, folder / f"{file}.gz"
+            paths.append(plain if plain.exists() else packed if packed.exists() else None)
+        if None in paths:
+            return None
+        found[train] = tuple(paths)
+    return found
+
+
+def _read_raw(files: dict[bool, tuple[Path, Path]]) -> tuple[Dataset, Dataset]:
+    """Read torchvision's raw layout directly: the same tensors, without importing torchvision
+    (which costs every process about 160 MB)."""
+    out = []
+    for train in (True, False):
+        images, labels = (read_idx(p) for p in files[train])
+        out.append(Dataset(torch.from_numpy(images.copy()).unsqueeze(1).contiguous(),
+                           torch.from_numpy(labels.astype(np.int64)), 10))
+    return out[0], out[1]
+
+
 def _torchvision(name: str, root: Path, download: bool) -> tuple[Dataset, Dataset]:
+    files = _raw_files(name, root)
+    if files is not None:
+        return _read_raw(files)
     from torchvision import datasets
 
     cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST}[name]

@@ -48,20 +48,19 @@ class LipschitzEstimate:
 
     def observe(self, position: int, grad: torch.Tensor) -> None:
         """grad: the flat clipped gradient about to be applied at batch `position` of the current epoch."""
-        grad = grad.detach().to(torch.float64)
+        grad = grad.detach()
         prev = self.previous.get(position)
         if self.window is None:
             self.window = torch.zeros_like(grad)
         if prev is not None:
-            prev = prev.to(torch.float64)
-        if prev is not None:
-            step_l1 = self.lr * float(self.window.abs().sum())
+            step_l1 = self.lr * float(self.window.abs().sum(dtype=torch.float64))
+            diff = grad - prev
             if step_l1 > 0:
-                self.value = max(self.value, float((grad - prev).abs().sum()) / step_l1)
-            self.window += grad - prev
+                self.value = max(self.value, float(diff.abs().sum(dtype=torch.float64)) / step_l1)
+            self.window += diff
         else:
             self.window += grad
-        self.previous[position] = grad.to(torch.float32)  # halves the memory; the ratio needs no more
+        self.previous[position] = grad.clone()
 
 
 def flat_gradient(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:

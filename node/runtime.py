@@ -22,6 +22,7 @@ from protocol import envelope
 from .actor import Actor, Message, Reaction
 
 POLL_MS = 500
+RESUME = "resume:"  # timer tag of a continuation waiting for its emulated time
 
 
 @dataclass(order=True)
@@ -47,6 +48,8 @@ class Runtime:
         self._reports: queue.SimpleQueue = queue.SimpleQueue()
         self._report_out: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = False
+        self._resumes: dict[int, tuple[str, Callable[[], Reaction]]] = {}
+        self._resume_ids = itertools.count()
 
     # ---- threads -------------------------------------------------------------------------
     def _signal(self, ctx: zmq.Context, address: str) -> Callable[[], None]:
@@ -112,6 +115,10 @@ class Runtime:
             self._jobs_cv.notify()
 
     def _deliver(self, sock: zmq.Socket, env: dict[str, Any], frames: list[Any]) -> None:
+        tag = env["body"].get("tag", "") if env["kind"] == "tick" else ""
+        if tag.startswith(RESUME):
+            self._resume(sock, env, int(tag[len(RESUME):]))
+            return
         actor = self.actors.get(env["dst"])
         if actor is None:
             print(f"[{self.peer}] delivery for unknown actor {env['dst']!r} dropped", file=sys.stderr)
@@ -125,6 +132,19 @@ class Runtime:
             reaction = Reaction(reports=[{"type": "error", "actor": actor.name, "error": traceback.format_exc(limit=3)}])
         self._emit(sock, actor.name, reaction, msg.t)
         self._start_work(sock, actor.name, env["hold"], reaction, msg.t)
+
+    def _resume(self, sock: zmq.Socket, env: dict[str, Any], rid: int) -> None:
+        actor, continuation = self._resumes.pop(rid, (env["dst"], None))
+        if continuation is None or actor != env["dst"]:
+            sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None))
+            return
+        try:
+            reaction = continuation()
+        except Exception:
+            traceback.print_exc()
+            reaction = Reaction(reports=[{"type": "error", "actor": actor, "error": traceback.format_exc(limit=3)}])
+        self._emit(sock, actor, reaction, env["t"])
+        self._start_work(sock, actor, env["hold"], reaction, env["t"])
 
     def run(self) -> None:
         ctx = zmq.Context()
@@ -179,8 +199,14 @@ class Runtime:
                 job, outcome = self._finished.get_nowait()
             except queue.Empty:
                 break
-            if callable(outcome):  # a continuation that must touch actor state: run it on this thread
-                outcome = outcome()
+            if callable(outcome):
+                # A continuation touches actor state, so it must run at its emulated time, after every
+                # delivery before it: ask for a timer at ready_at and run it when that timer fires.
+                rid = next(self._resume_ids)
+                self._resumes[rid] = (job.actor, outcome)
+                sock.send(envelope.pack("timer", actor=job.actor, at=job.ready_at, tag=f"{RESUME}{rid}"))
+                sock.send(envelope.pack("done", actor=job.actor, hold=job.hold, busy_until=None))
+                continue
             self._emit(sock, job.actor, outcome, job.ready_at)
             self._start_work(sock, job.actor, job.hold, outcome, job.ready_at)
         while True:

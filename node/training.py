@@ -21,6 +21,7 @@ class LocalTraining:
     clip_norm: float = 1.0  # 1: L1 (Laplace), 2: L2 (Gaussian)
     estimate_lipschitz: bool = False  # Eq. 1.9
     shuffle: str = "every_epoch"  # or "once": batches built once per client and replayed (the paper's MNIST loader)
+    prox_mu: float = 0.0  # FedProx: add (mu/2) ||w - w_global||^2 to the local loss
 
 
 @dataclass
@@ -47,6 +48,7 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
     loss_fn = nn.CrossEntropyLoss()
     estimate = LipschitzEstimate(cfg.lr) if cfg.estimate_lipschitz else None
     fixed = fixed_order if cfg.shuffle == "once" else None
+    anchor = [p.detach().clone() for p in params] if cfg.prox_mu > 0 else None
     last = 0.0
     for _ in range(cfg.epochs):
         total, count = 0.0, 0
@@ -54,7 +56,8 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
             x, y = data.batch(torch.from_numpy(idx))
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
-            loss.backward()
+            objective = loss if anchor is None else loss + proximal_term(params, anchor, cfg.prox_mu)
+            objective.backward()
             if cfg.clip is not None:
                 clip_gradients(params, cfg.clip, cfg.clip_norm)
             if estimate is not None:
@@ -64,6 +67,11 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
             count += y.numel()
         last = total / max(count, 1)
     return TrainingResult(last, estimate.value if estimate else 0.0, int(indices.size))
+
+
+def proximal_term(params, anchor, mu: float) -> torch.Tensor:
+    """FedProx's (mu/2) ||w - w_t||^2 over the trainable parameters (Li et al., MLSys 2020)."""
+    return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
 
 
 def train_sgd(model: nn.Module, data: Dataset, indices: np.ndarray, epochs: int, batch_size: int, lr: float,

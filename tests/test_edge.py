@@ -271,3 +271,39 @@ def test_report_prints_the_summary_and_writes_the_plots(tmp_path):
     assert all((out / "plots" / n).stat().st_size > 5000 for n in names)
     bad = run_cli("report", str(tmp_path / "nothing"))
     assert bad.returncode == 2 and "not a run directory" in bad.stderr
+
+
+LATE_DURING_AGGREGATION = """
+name: resume
+seed: 6
+rounds: 2
+task:
+  dataset: synthetic
+  model: mlp
+  synthetic: {samples: 300, test_samples: 20}
+population:
+  clients: 3
+  hosts: 1
+  devices:
+    - {name: d1, share: 0.34, ms_per_sample: 1}
+    - {name: d2, share: 0.33, ms_per_sample: 10}
+    - {name: d3, share: 0.33, ms_per_sample: 20}
+  links: [{up_mbps: 50, down_mbps: 50, latency_ms: 5}]
+server: {aggregate_ms: 5000}
+selection: {clients_per_round: 1, over_selection: 3, checkin: true, checkin_wait_s: 1}
+round: {policy: first_k}
+algorithm: {local_epochs: 1, batch_size: 50}
+eval: {every: 0}
+"""
+
+
+def test_the_next_round_sees_everything_that_arrived_during_aggregation(tmp_path):
+    """Round 0 closes at the first update; aggregation takes 5 emulated seconds, during which the
+    two late updates arrive and re-register their clients. Round 1 starts at close + 5 s and must
+    see them, whatever the wall-clock speed of the aggregation."""
+    out = run(tmp_path, LATE_DURING_AGGREGATION)
+    r0, r1 = read(out / "rounds.csv")
+    late = [u for u in read(out / "transfers.csv") if u["kind"] == "update" and u["round"] == "0"]
+    assert len(late) == 3 and all(float(u["t_end"]) < float(r1["t_start"]) for u in late)
+    assert float(r1["t_start"]) == pytest.approx(float(r0["t_end"]))
+    assert r1["selected"] == "3"

@@ -214,3 +214,25 @@ def test_partition_by_user_merges_round_robin():
     for j in range(10):
         assert np.array_equal(merged[j], np.sort(np.concatenate([users[u] for u in range(j, 1000, 10)])))
     assert [m.size for m in partition_by_user(labels, 10, users=1000, seed=3)] == [m.size for m in merged]
+
+
+# ---- FedProx --------------------------------------------------------------------------------------
+def test_proximal_term_by_hand_and_its_pull():
+    from node.training import proximal_term
+
+    w = [torch.nn.Parameter(torch.tensor([1.0, 2.0])), torch.nn.Parameter(torch.tensor([3.0]))]
+    anchor = [torch.tensor([0.0, 0.0]), torch.tensor([1.0])]
+    # (0.1 / 2) * (1 + 4 + 4) = 0.45
+    assert float(proximal_term(w, anchor, 0.1).detach()) == pytest.approx(0.45)
+
+    torch.manual_seed(0)
+    data = Dataset(torch.rand(64, 1, 4, 4), torch.randint(0, 3, (64,)), 3)
+
+    def drift(mu):
+        model = build_model("mlp", (1, 4, 4), 3)
+        start = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+        train_local(model, data, np.arange(64), LocalTraining(5, 8, 0.5, prox_mu=mu), np.random.default_rng(0))
+        return float((torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - start).norm())
+
+    plain, prox = drift(0.0), drift(1.0)
+    assert prox < 0.8 * plain  # the proximal term keeps local weights nearer the global model

@@ -39,3 +39,22 @@ def test_partitions_cover_all_samples_once_and_are_seeded():
     a = partition_dirichlet(labels, 7, 0.3, np.random.default_rng(2))
     b = partition_dirichlet(labels, 7, 0.3, np.random.default_rng(2))
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_idx_reader_plain_gzip_and_malformed(tmp_path):
+    import gzip as gz
+
+    from node.data import DataError, read_idx
+
+    arr = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    raw = bytes([0, 0, 8, 3]) + np.array([2, 3, 4], ">i4").tobytes() + arr.tobytes()
+    (tmp_path / "a-idx3-ubyte").write_bytes(raw)
+    (tmp_path / "b-idx3-ubyte.gz").write_bytes(gz.compress(raw))
+    assert np.array_equal(read_idx(tmp_path / "a-idx3-ubyte"), arr)
+    assert np.array_equal(read_idx(tmp_path / "b-idx3-ubyte.gz"), arr)
+    (tmp_path / "short").write_bytes(raw[:-1])
+    with pytest.raises(DataError, match="holds 23 bytes"):
+        read_idx(tmp_path / "short")
+    (tmp_path / "float").write_bytes(bytes([0, 0, 0x0D, 1]) + raw[4:])
+    with pytest.raises(DataError, match="not an IDX file"):
+        read_idx(tmp_path / "float")
