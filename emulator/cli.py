@@ -41,16 +41,22 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
         f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB"
     )
     click.echo(f"results: {summary['run_dir']}")
+    run_dir = Path(summary["run_dir"])
+    if summary["status"] == "interrupted":  # the user wants out now; plots can wait
+        click.echo(f"plots: not written; python -m emulator report {run_dir} writes them", err=True)
+    else:
+        _write_plots(run_dir)
+    sys.exit({"completed": 0, "interrupted": 130}.get(summary["status"], 1))
+
+
+def _write_plots(run_dir: Path) -> None:
     try:
         from .report import plot
 
-        plots = plot(Path(summary["run_dir"]))
-        click.echo(f"plots: {len(plots)} in {Path(summary['run_dir']) / 'plots'}")
+        plots = plot(run_dir)
+        click.echo(f"plots: {len(plots)} in {run_dir / 'plots'}")
     except Exception as exc:  # plotting must never cost the results, which are already on disk
         click.echo(f"warning: plots not written ({type(exc).__name__}: {exc})", err=True)
-    if summary.get("reason"):
-        click.echo(f"reason: {summary['reason']}", err=True)
-    sys.exit({"completed": 0, "interrupted": 130}.get(summary["status"], 1))
 
 
 @main.command()
