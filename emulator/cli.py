@@ -1,6 +1,8 @@
 """Command line: python -m emulator run|validate ..."""
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +22,8 @@ def _fail(scenario: Path, exc: ScenarioError) -> None:
 @click.group()
 def main() -> None:
     """A multi-process network emulator for federated learning."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: where is it stuck?
 
 
 @main.command()

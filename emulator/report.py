@@ -93,6 +93,7 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     summary, rounds, clients = load(run_dir)
     out_dir = run_dir / "plots"
@@ -127,6 +128,7 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
         ax.bar(idx, values, bottom=bottom, color=color, label=name, width=0.8)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set(xlabel="round", ylabel="emulated seconds", title="round time: mean client phases, and waiting")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend()
     fig.tight_layout()
     written.append(_save(fig, out_dir / "round_time.png", plt))
@@ -162,6 +164,7 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
         ax.plot(idx, [_num(r.get("bits_down")) for r in rounds], label="download (server)")
         ax.plot(idx, [_num(r.get("bits_up_mean")) for r in rounds], label="upload (mean of clients)")
         ax.set(xlabel="round", ylabel="bits per value", title="bit-length per round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()

@@ -59,8 +59,7 @@ class RunWriter:
         self._devices.writeheader()
         self.device_events: dict[str, list[dict]] = defaultdict(list)
         self.outcomes: dict[str, int] = defaultdict(int)
-        self.per_round: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self.per_client: dict[tuple[int, str], dict[str, Any]] = {}
+        self.unassigned: list[dict] = []  # transfer records not yet counted in a round
         self.rows: list[dict] = []
         self.incidents: list[dict] = []
         self.summary: dict[str, Any] = {"scenario": scenario.get("name"), "status": "running"}
@@ -68,29 +67,53 @@ class RunWriter:
 
     def transfer(self, rec: dict) -> None:
         self._transfers.writerow(rec)
-        direction = "down" if rec["src"] == SERVER else "up" if rec["dst"] == SERVER else "peer"
-        sums = self.per_round[rec["round"]]
-        if rec["outcome"] == "ok":
-            for kind in ("payload", "wire", "fp32"):
-                sums[f"{kind}_bytes_{direction}"] += rec[f"{kind}_bytes"]
-        sums["wasted_bytes"] += rec.get("wasted_bytes", 0)
-        if direction != "peer" and rec["kind"] in ("task", "update"):
-            client = rec["dst"] if direction == "down" else rec["src"]
-            entry = self.per_client.setdefault((rec["round"], client), {})
-            entry[f"{'download' if direction == 'down' else 'upload'}_start"] = rec["t_start"]
+        self.unassigned.append(rec)
+
+    def _take_transfers(self, t_end: float) -> list[dict]:
+        """The transfers that ended by t_end. The network reports every one of them before the
+        report of a round that ends at t_end; later ones may or may not have arrived yet, so they
+        wait for the next round. Rounds therefore account for what crossed the network during
+        them, and a run's rows are the same on every machine."""
+        taken = [r for r in self.unassigned if r["t_end"] <= t_end]
+        self.unassigned = [r for r in self.unassigned if r["t_end"] > t_end]
+        return taken
+
+    @staticmethod
+    def _sums(transfers: list[dict]) -> dict[str, int]:
+        sums: dict[str, int] = defaultdict(int)
+        for rec in transfers:
+            direction = "down" if rec["src"] == SERVER else "up" if rec["dst"] == SERVER else "peer"
             if rec["outcome"] == "ok":
-                entry[f"{'download' if direction == 'down' else 'upload'}_end"] = rec["t_end"]
+                for kind in ("payload", "wire", "fp32"):
+                    sums[f"{kind}_bytes_{direction}"] += rec[f"{kind}_bytes"]
+            sums["wasted_bytes"] += rec.get("wasted_bytes", 0)
+        return sums
+
+    @staticmethod
+    def _client_timing(transfers: list[dict], round_index: int) -> dict[str, dict[str, Any]]:
+        timing: dict[str, dict[str, Any]] = {}
+        for rec in transfers:
+            if rec["round"] != round_index or rec["kind"] not in ("task", "update"):
+                continue
+            phase, direction, client = ("download", "down", rec["dst"]) if rec["src"] == SERVER else ("upload", "up", rec["src"])
+            entry = timing.setdefault(client, {})
+            entry[f"{phase}_start"] = rec["t_start"]
+            if rec["outcome"] == "ok":
+                entry[f"{phase}_end"] = rec["t_end"]
                 entry[f"payload_bytes_{direction}"] = rec["payload_bytes"]
             else:
                 entry["lost"] = rec["outcome"]
+        return timing
 
     def device(self, rec: dict) -> None:
         self._devices.writerow({k: rec.get(k) for k in DEVICE_FIELDS})
         self.device_events[rec["client"]].append(rec)
 
     def round(self, rep: dict, wall_s: float) -> dict:
-        sums = self.per_round.get(rep["round"], {})
-        clients = [self._client_row(rep, c) for c in rep.get("clients", [])]
+        taken = self._take_transfers(rep["t_end"])
+        sums = self._sums(taken)
+        timing = self._client_timing(taken, rep["round"])
+        clients = [self._client_row(rep, c, timing.get(c["client"], {})) for c in rep.get("clients", [])]
         for c in clients:
             self.outcomes[c["outcome"]] += 1
         for name in list(self.device_events):  # only this round's events can still matter
@@ -112,8 +135,7 @@ class RunWriter:
             f.flush()
         return row
 
-    def _client_row(self, rep: dict, reported: dict) -> dict:
-        timing = self.per_client.pop((rep["round"], reported["client"]), {})
+    def _client_row(self, rep: dict, reported: dict, timing: dict) -> dict:
         lost = timing.pop("lost", None)
         row = {key: None for key in CLIENT_FIELDS}
         row.update(round=rep["round"], bits_down=rep.get("bits_down"), **timing)

@@ -91,7 +91,13 @@ def test_sigint_stops_everything_within_5s_and_keeps_finished_rounds(tmp_path):
         assert len(pids) >= 4
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # the conductor dumps its threads' stacks to stderr
+            time.sleep(1)
+            proc.kill()
+            raise AssertionError("conductor still running 10 s after SIGINT:\n" + proc.communicate()[1][-6000:]) from None
         elapsed = time.monotonic() - t0
     finally:
         if proc.poll() is None:
