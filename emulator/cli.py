@@ -34,6 +34,10 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
     """Run SCENARIO and write its run directory."""
     from .conductor import run_scenario  # heavy imports only when running
 
+    # Ctrl-C must stop a run even when started from a context that ignores SIGINT (a background
+    # job of a script), which Python would otherwise inherit and keep.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     try:
         sc, resolved = load_scenario(scenario, list(overrides))
         summary = run_scenario(sc, resolved, out)
