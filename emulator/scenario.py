@@ -371,14 +371,7 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> tuple[Scenario
     """Read, apply `key=value` overrides, validate. Returns (scenario, resolved plain dict)."""
     path = Path(path)
     source = str(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"{source}: file not found") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{source}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{source}: the top level must be a mapping of keys")
+    raw = read_mapping(path, source, "the top level must be a mapping of keys")
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -396,16 +389,21 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> tuple[Scenario
 DEFAULT_PROFILES = Path(__file__).resolve().parents[1] / "scenarios" / "profiles.yaml"
 
 
-def load_profiles(path: Path) -> dict:
+def read_mapping(path: Path, label: str, not_a_mapping: str) -> dict:
+    """A YAML file whose top level is a mapping; every failure is one ScenarioError naming `label`."""
     try:
-        lib = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ScenarioError(f"profiles: {path} not found") from None
+        raise ScenarioError(f"{label}: file not found") from None
     except yaml.YAMLError as exc:
-        raise ScenarioError(f"profiles: {path} is not valid YAML: {exc}") from None
-    if not isinstance(lib, dict):
-        raise ScenarioError(f"profiles: {path} must map 'devices' and 'links' to profiles")
-    return lib
+        raise ScenarioError(f"{label}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{label}: {not_a_mapping}")
+    return data
+
+
+def load_profiles(path: Path) -> dict:
+    return read_mapping(path, f"profiles: {path}", "must map 'devices' and 'links' to profiles")
 
 
 def _resolve_profiles(raw: dict, scenario_path: Path) -> None:
