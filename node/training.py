@@ -74,12 +74,6 @@ def proximal_term(params, anchor, mu: float) -> torch.Tensor:
     return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
 
 
-def train_sgd(model: nn.Module, data: Dataset, indices: np.ndarray, epochs: int, batch_size: int, lr: float,
-              rng: np.random.Generator) -> float:
-    """Plain FedAvg local training; returns the mean loss of the last epoch."""
-    return train_local(model, data, indices, LocalTraining(epochs, batch_size, lr), rng).loss
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, max_samples: int | None = None, batch_size: int = 1000) -> tuple[float, float]:
     """(accuracy, mean loss) on the first max_samples test samples."""

@@ -23,6 +23,7 @@ from node.client import TaskSpec, Trainer
 from node.data import synthetic
 from node.models import state_to_numpy
 from node.strategy import WeightedAverage
+from node.training import LocalTraining
 
 SCENARIO = """
 name: bench_overhead
@@ -53,7 +54,7 @@ def plain_loop(clients: int, samples: int, rounds: int) -> list[float]:
         t = time.perf_counter()
         avg = WeightedAverage()
         for i, shard in enumerate(shards):
-            state, _ = trainer.train(global_state, shard, 1, 10, 0.05, np.random.default_rng([0, r, i]))
+            state, _ = trainer.train(global_state, shard, LocalTraining(1, 10, 0.05), np.random.default_rng([0, r, i]))
             avg.add(state, shard.size)
         global_state = avg.result(global_state)
         times.append(time.perf_counter() - t)
