@@ -1,3 +1,4 @@
+import csv
 import os
 import subprocess
 import sys
@@ -28,3 +29,9 @@ def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subpro
 def write_scenario(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def read_csv(path) -> list[dict]:
+    """Every row of a run's CSV file, as dicts of strings."""
+    with open(path) as f:
+        return list(csv.DictReader(f))

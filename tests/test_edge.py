@@ -1,21 +1,16 @@
 """The heterogeneous edge on real processes: shared links, devices going offline, links going
 down, battery-aware selection, over-selection, all with exact expected times where the link
 arithmetic allows, and determinism of the whole thing."""
-import csv
 import json
 import math
 
 import numpy as np
 import pytest
 
-from conftest import run_cli, write_scenario
+from conftest import read_csv, run_cli, write_scenario
 from emulator.scenario import load_scenario
 from emulator.world import build_world
 
-
-def read(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def run(tmp_path, text, name="run", *sets):
@@ -55,9 +50,9 @@ eval: {every: 0}
 
 def test_uploads_share_the_server_link_max_min_fairly(tmp_path):
     out = run(tmp_path, SHARED)
-    device = {r["client"]: r["device"] for r in read(out / "population.csv")}
-    ups = {r["src"]: r for r in read(out / "transfers.csv") if r["kind"] == "update"}
-    downs = {r["dst"]: r for r in read(out / "transfers.csv") if r["kind"] == "task"}
+    device = {r["client"]: r["device"] for r in read_csv(out / "population.csv")}
+    ups = {r["src"]: r for r in read_csv(out / "transfers.csv") if r["kind"] == "update"}
+    downs = {r["dst"]: r for r in read_csv(out / "transfers.csv") if r["kind"] == "task"}
     assert len(ups) == 3 and sorted(device.values()) == ["fast", "fast", "slow"]
     assert len({r["wire_bytes"] for r in ups.values()}) == 1  # equal uploads, so the arithmetic below holds
     bits = 8 * link_bytes(int(next(iter(ups.values()))["wire_bytes"]))
@@ -121,17 +116,17 @@ def test_going_offline_mid_upload_aborts_it_and_the_deadline_closes_the_round(tm
         text = OFFLINE + f"faults: [{{kind: link_down, actor: {steady}, at_s: {T_OFF}}}]\n"
         expected, outcome = "link_down", "dropped_link_down"
     out = run(tmp_path, text)
-    upload = next(r for r in read(out / "transfers.csv") if r["kind"] == "update" and r["src"] == steady)
+    upload = next(r for r in read_csv(out / "transfers.csv") if r["kind"] == "update" and r["src"] == steady)
     assert upload["outcome"] == expected
     assert float(upload["t_end"]) == pytest.approx(T_OFF)
     sent = (T_OFF - float(upload["t_start"])) * 10e6 / 8
     assert int(upload["wasted_bytes"]) == pytest.approx(sent, abs=1)
     assert 0 < int(upload["wasted_bytes"]) < int(upload["link_bytes"])
-    (row,) = read(out / "rounds.csv")
+    (row,) = read_csv(out / "rounds.csv")
     assert (row["completed"], row["failed"]) == ("1", "1")
     assert float(row["t_end"]) == pytest.approx(5.0)  # closed by its deadline
     assert int(row["wasted_bytes"]) == int(upload["wasted_bytes"])
-    outcomes = {r["client"]: r["outcome"] for r in read(out / "clients.csv")}
+    outcomes = {r["client"]: r["outcome"] for r in read_csv(out / "clients.csv")}
     assert outcomes[steady] == outcome and list(outcomes.values()).count("ok") == 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["client_outcomes"] == {"ok": 1, outcome: 1}
@@ -164,12 +159,12 @@ def test_battery_threshold_selects_exactly_the_clients_at_or_above_it(tmp_path):
     level = {c.profile.name: c.spec.battery.fraction for c in world.clients}
     expected = sorted(n for n, f in level.items() if f >= 0.5)
     assert 0 < len(expected) < 12
-    rows = read(out / "clients.csv")
+    rows = read_csv(out / "clients.csv")
     assert sorted(r["client"] for r in rows) == expected
     for r in rows:
         assert float(r["battery"]) == pytest.approx(level[r["client"]])  # no drain configured: the check-in is exact
         assert float(r["checkin_t"]) < 2.0
-    checkins = [t for t in read(out / "transfers.csv") if t["kind"] == "checkin"]
+    checkins = [t for t in read_csv(out / "transfers.csv") if t["kind"] == "checkin"]
     assert len(checkins) == 12 and all(int(t["wire_bytes"]) > 0 for t in checkins)
 
 
@@ -200,12 +195,12 @@ eval: {every: 0}
 
 def test_over_selection_keeps_the_first_k_arrivals(tmp_path):
     out = run(tmp_path, OVER)
-    device = {r["client"]: r["device"] for r in read(out / "population.csv")}
-    rows = [r for r in read(out / "clients.csv") if r["round"] == "0"]
+    device = {r["client"]: r["device"] for r in read_csv(out / "population.csv")}
+    rows = [r for r in read_csv(out / "clients.csv") if r["round"] == "0"]
     assert len(rows) == 4  # 2 x over-selection 2.0
     ok = sorted(r["client"] for r in rows if r["outcome"] == "ok")
     assert sorted(device[c] for c in ok) == ["d1", "d2"]  # the two fastest devices answer first
-    (r0, _) = read(out / "rounds.csv")
+    (r0, _) = read_csv(out / "rounds.csv")
     assert (r0["selected"], r0["completed"], r0["failed"]) == ("4", "2", "2")
     first_two = sorted(float(r["upload_end"]) for r in rows if r["outcome"] == "ok")
     assert float(r0["t_end"]) == pytest.approx(first_two[-1])  # closed at the second arrival
@@ -248,16 +243,16 @@ def test_the_whole_edge_is_deterministic(tmp_path):
     # may not be recorded; everything up to then must be identical.
     upto = lambda rows, key: [r for r in rows if float(r[key]) <= end]  # noqa: E731
     drop_id = lambda rows: sorted(str({k: v for k, v in r.items() if k != "id"}) for r in rows)  # noqa: E731
-    assert read(a / "clients.csv") == read(b / "clients.csv")
-    assert upto(read(a / "devices.csv"), "t") == upto(read(b / "devices.csv"), "t")
-    assert drop_id(upto(read(a / "transfers.csv"), "t_end")) == drop_id(upto(read(b / "transfers.csv"), "t_end"))
+    assert read_csv(a / "clients.csv") == read_csv(b / "clients.csv")
+    assert upto(read_csv(a / "devices.csv"), "t") == upto(read_csv(b / "devices.csv"), "t")
+    assert drop_id(upto(read_csv(a / "transfers.csv"), "t_end")) == drop_id(upto(read_csv(b / "transfers.csv"), "t_end"))
     strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
-    assert strip(read(a / "rounds.csv")) == strip(read(b / "rounds.csv"))
+    assert strip(read_csv(a / "rounds.csv")) == strip(read_csv(b / "rounds.csv"))
     outcomes = json.loads((a / "summary.json").read_text())["client_outcomes"]
     assert outcomes.get("ok", 0) > 0 and set(outcomes) - {"ok"}  # something went wrong for somebody
-    events = {r["event"] for r in read(a / "devices.csv")}
+    events = {r["event"] for r in read_csv(a / "devices.csv")}
     assert {"offline", "online", "train", "send"} <= events
-    assert any(int(r["link_bytes"]) > link_bytes(int(r["wire_bytes"])) for r in read(a / "transfers.csv"))  # resent segments
+    assert any(int(r["link_bytes"]) > link_bytes(int(r["wire_bytes"])) for r in read_csv(a / "transfers.csv"))  # resent segments
 
 
 def test_report_prints_the_summary_and_writes_the_plots(tmp_path):
@@ -302,8 +297,8 @@ def test_the_next_round_sees_everything_that_arrived_during_aggregation(tmp_path
     two late updates arrive and re-register their clients. Round 1 starts at close + 5 s and must
     see them, whatever the wall-clock speed of the aggregation."""
     out = run(tmp_path, LATE_DURING_AGGREGATION)
-    r0, r1 = read(out / "rounds.csv")
-    late = [u for u in read(out / "transfers.csv") if u["kind"] == "update" and u["round"] == "0"]
+    r0, r1 = read_csv(out / "rounds.csv")
+    late = [u for u in read_csv(out / "transfers.csv") if u["kind"] == "update" and u["round"] == "0"]
     assert len(late) == 3 and all(float(u["t_end"]) < float(r1["t_start"]) for u in late)
     assert float(r1["t_start"]) == pytest.approx(float(r0["t_end"]))
     assert r1["selected"] == "3"

@@ -1,12 +1,11 @@
 """Two clients on known links, real processes: every transfer time is checked against link
 arithmetic done by hand here, and the payload bytes against the parameter count."""
-import csv
 import json
 import math
 
 import pytest
 
-from conftest import run_cli, write_scenario
+from conftest import read_csv, run_cli, write_scenario
 
 MLP_PARAMS = 784 * 64 + 64 + 64 * 10 + 10  # 50,890
 LINKS = {  # name: (up bit/s, down bit/s, one-way latency s)
@@ -52,10 +51,6 @@ def run_dir(tmp_path_factory):
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
-
-def read_csv(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def test_every_transfer_matches_link_arithmetic(run_dir):

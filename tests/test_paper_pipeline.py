@@ -1,13 +1,12 @@
 """The core paper's pipeline on real processes: per-round payload bytes equal Eq. 1.13 for every
 mode, the dynamic mode's upload bit-lengths follow Eq. 1.6 with each client's own nu_i, and the
 Laplace mechanism reports its noise scale."""
-import csv
 import json
 
 import numpy as np
 import pytest
 
-from conftest import run_cli, write_scenario
+from conftest import read_csv, run_cli, write_scenario
 from emulator.scenario import load_scenario
 from emulator.world import build_world
 from node.schedule import cosine_bits, importance
@@ -52,10 +51,6 @@ def eq_1_13(bits: int) -> int:
     return sum((n * bits + 7) // 8 for n in TENSORS)
 
 
-def read(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -73,7 +68,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("mode,bits", [("fp32", 32), ("int16", 16), ("int8", 8), ("int4", 4)])
 def test_static_modes_payload_equals_eq_1_13(runs, mode, bits):
     _, dirs = runs
-    rows = read(dirs[mode] / "rounds.csv")
+    rows = read_csv(dirs[mode] / "rounds.csv")
     assert len(rows) == ROUNDS
     for row in rows:
         assert int(row["selected"]) == 3 == int(row["completed"])  # P = N/10 style: fraction 0.5 of 6
@@ -83,7 +78,7 @@ def test_static_modes_payload_equals_eq_1_13(runs, mode, bits):
 
 def test_cosine_payload_follows_eq_1_5_both_ways(runs):
     _, dirs = runs
-    rows = read(dirs["cosine"] / "rounds.csv")
+    rows = read_csv(dirs["cosine"] / "rounds.csv")
     expected_bits = [32, 28, 20, 12]  # 8 + 24 * (1 + cos(pi t / 4)) / 2, rounded
     assert [cosine_bits(t, ROUNDS, 8, 32) for t in range(ROUNDS)] == expected_bits
     for t, row in enumerate(rows):
@@ -99,8 +94,8 @@ def test_dynamic_upload_bits_follow_each_clients_importance(runs):
     world = build_world(sc)
     labels = world.task.train.y.numpy()
     samples = {c.profile.name: c.profile.indices for c in world.clients}
-    clients = read(dirs["dynamic"] / "clients.csv")
-    rounds = read(dirs["dynamic"] / "rounds.csv")
+    clients = read_csv(dirs["dynamic"] / "clients.csv")
+    rounds = read_csv(dirs["dynamic"] / "rounds.csv")
     assert len(clients) == 3 * ROUNDS
     for t, row in enumerate(rounds):
         chosen = [c for c in clients if int(c["round"]) == t]
@@ -124,7 +119,7 @@ def test_laplace_reports_noise_scale_and_epsilon(runs):
     assert summary["privacy"]["mechanism"] == "laplace" and summary["privacy"]["epsilon"] == 10000
     c_t = (ROUNDS / 2) * (3 / 6)  # (T/E)(P/N)
     assert summary["privacy"]["noise_factor_c_T"] == pytest.approx(c_t)
-    for c in read(dirs["int8"] / "clients.csv"):
+    for c in read_csv(dirs["int8"] / "clients.csv"):
         lam, sens, beta = float(c["lipschitz"]), float(c["sensitivity"]), float(c["noise_scale"])
         assert lam > 0 and sens > 0
         assert beta == pytest.approx(sens * c_t / 10000)
@@ -137,20 +132,20 @@ def test_communication_only_mode_sends_the_same_bytes_without_training(runs, tmp
     res = run_cli("run", str(path), "--set", "algorithm.train=false", "--set", "algorithm.codec.down={name: int, bits: 8}",
                   "--set", "algorithm.codec.up={name: int, bits: 8}", "--out", str(out), timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
-    trained, comm = read(dirs["int8"] / "rounds.csv"), read(out / "rounds.csv")
+    trained, comm = read_csv(dirs["int8"] / "rounds.csv"), read_csv(out / "rounds.csv")
     for a, b in zip(trained, comm):
         assert (a["payload_bytes_down"], a["payload_bytes_up"]) == (b["payload_bytes_down"], b["payload_bytes_up"])
         # emulated compute time is modelled, not measured; only the smaller update body (no loss or
         # noise fields) makes the upload a few bytes shorter
         assert float(a["t_end"]) == pytest.approx(float(b["t_end"]), rel=1e-3)
-    assert all(c["loss"] == "" and c["noise_scale"] == "" for c in read(out / "clients.csv"))
+    assert all(c["loss"] == "" and c["noise_scale"] == "" for c in read_csv(out / "clients.csv"))
 
 
 def test_compare_table(runs, tmp_path):
     _, dirs = runs
     res = run_cli("compare", *(str(dirs[m]) for m in ("fp32", "int8", "cosine")), "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr
-    rows = read(tmp_path / "compare.csv")
+    rows = read_csv(tmp_path / "compare.csv")
     assert [r["mode"] for r in rows] == ["fp32", "int8", "cosine"]
     assert float(rows[0]["saving_vs_fp32"]) == 0.0
     assert float(rows[1]["saving_vs_fp32"]) == pytest.approx(1 - eq_1_13(8) / eq_1_13(32))

@@ -1,11 +1,10 @@
 """Realtime clock mode: the same scenario gives the same emulated times and bytes as virtual
 mode, takes about emulated time / speedup of wall time, and reports its lag."""
-import csv
 import json
 
 import pytest
 
-from conftest import run_cli, write_scenario
+from conftest import read_csv, run_cli, write_scenario
 
 SCENARIO = """
 name: realtime
@@ -29,10 +28,6 @@ eval: {every: 0}
 SPEEDUP = 10
 
 
-def read(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
 
 def run(tmp_path, name, *sets):
     out = tmp_path / name
@@ -47,8 +42,8 @@ def test_realtime_matches_virtual_and_runs_at_the_speedup(tmp_path):
     real_dir, real = run(tmp_path, "real", "clock.mode=realtime", f"clock.speedup={SPEEDUP}")
     keep = ("round", "src", "dst", "payload_bytes", "wire_bytes", "link_bytes", "t_start", "t_end", "outcome")
     strip = lambda rows: sorted(tuple(r[k] for k in keep) for r in rows)  # noqa: E731
-    assert strip(read(real_dir / "transfers.csv")) == strip(read(virtual_dir / "transfers.csv"))
-    for a, b in zip(read(real_dir / "rounds.csv"), read(virtual_dir / "rounds.csv")):
+    assert strip(read_csv(real_dir / "transfers.csv")) == strip(read_csv(virtual_dir / "transfers.csv"))
+    for a, b in zip(read_csv(real_dir / "rounds.csv"), read_csv(virtual_dir / "rounds.csv")):
         assert (a["t_end"], a["payload_bytes_up"], a["wire_bytes_down"]) == (b["t_end"], b["payload_bytes_up"], b["wire_bytes_down"])
 
     emulated = real["emulated_time_s"]
