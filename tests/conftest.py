@@ -1,8 +1,12 @@
 import csv
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 import pytest
 
@@ -18,7 +22,13 @@ def have_mnist() -> bool:
     return bool(root) and (Path(root) / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
 
 
+def have_fashion_mnist() -> bool:
+    root = os.environ.get("EMULATOR_DATA")
+    return bool(root) and (Path(root) / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").exists()
+
+
 needs_mnist = pytest.mark.skipif(not have_mnist(), reason="MNIST raw files not found (set EMULATOR_DATA)")
+needs_fashion_mnist = pytest.mark.skipif(not have_fashion_mnist(), reason="Fashion-MNIST raw files not found (set EMULATOR_DATA)")
 
 
 def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -35,3 +45,33 @@ def read_csv(path) -> list[dict]:
     """Every row of a run's CSV file, as dicts of strings."""
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def link_bytes(wire: int) -> int:
+    """Link bytes of a message under the default framing: 66 header bytes per 1448-byte segment."""
+    return wire + math.ceil(wire / 1448) * 66
+
+
+def start_run(path: Path, out: Path) -> subprocess.Popen:
+    """A run in the background, for tests that interfere with it."""
+    return subprocess.Popen([sys.executable, "-m", "emulator", "run", str(path), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def rounds_done(out) -> int:
+    try:
+        return len(read_csv(out / "rounds.csv"))
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for_rounds(out, n, proc, timeout=90):
+    deadline = time.monotonic() + timeout
+    while rounds_done(out) < n:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "run did not progress"
+        time.sleep(0.1)
+
+
+def children_by_name(pid):
+    return {p.name(): p for p in psutil.Process(pid).children(recursive=True)}

@@ -2,12 +2,10 @@
 down, battery-aware selection, over-selection, all with exact expected times where the link
 arithmetic allows, and determinism of the whole thing."""
 import json
-import math
 
-import numpy as np
 import pytest
 
-from conftest import read_csv, run_cli, write_scenario
+from conftest import link_bytes, read_csv, run_cli, write_scenario
 from emulator.scenario import load_scenario
 from emulator.world import build_world
 
@@ -19,10 +17,6 @@ def run(tmp_path, text, name="run", *sets):
     res = run_cli("run", str(write_scenario(tmp_path / f"{name}.yaml", text)), *args, "--out", str(out), timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     return out
-
-
-def link_bytes(wire: int) -> int:
-    return wire + math.ceil(wire / 1448) * 66
 
 
 # ---- max-min sharing of the server's 10 Mbit/s ingress --------------------------------------------

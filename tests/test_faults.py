@@ -1,15 +1,13 @@
 """Fault tests: kill a host with SIGKILL mid-run; Ctrl-C the conductor."""
 import csv
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 
-from conftest import REPO, write_scenario
+from conftest import children_by_name, rounds_done, start_run, wait_for_rounds, write_scenario
 
 SLOW = """
 name: faults
@@ -33,29 +31,7 @@ eval: {every: 0}
 def start(tmp_path):
     path = write_scenario(tmp_path / "faults.yaml", SLOW)
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "emulator", "run", str(path), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    return proc, out
-
-
-def rounds_done(out) -> int:
-    try:
-        with open(out / "rounds.csv") as f:
-            return len(list(csv.DictReader(f)))
-    except FileNotFoundError:
-        return 0
-
-
-def wait_for_rounds(out, n, proc, timeout=90):
-    deadline = time.monotonic() + timeout
-    while rounds_done(out) < n:
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "run did not progress"
-        time.sleep(0.1)
-
-
-def children_by_name(pid):
-    return {p.name(): p for p in psutil.Process(pid).children(recursive=True)}
+    return start_run(path, out), out
 
 
 def test_sigkill_host_mid_run_run_finishes_and_says_so(tmp_path):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from conftest import read_csv, run_cli, write_scenario
+from conftest import link_bytes, read_csv, run_cli, write_scenario
 
 MLP_PARAMS = 784 * 64 + 64 + 64 * 10 + 10  # 50,890
 LINKS = {  # name: (up bit/s, down bit/s, one-way latency s)
@@ -37,10 +37,6 @@ selection: {{clients_per_round: 2}}
 algorithm: {{local_epochs: 1, batch_size: 20, lr: 0.1}}
 eval: {{every: 1}}
 """
-
-
-def link_bytes(wire: int) -> int:
-    return wire + math.ceil(wire / 1448) * 66
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ mode, the dynamic mode's upload bit-lengths follow Eq. 1.6 with each client's ow
 Laplace mechanism reports its noise scale."""
 import json
 
-import numpy as np
 import pytest
 
 from conftest import read_csv, run_cli, write_scenario

@@ -2,7 +2,6 @@
 mode, takes about emulated time / speedup of wall time, and reports its lag."""
 import json
 
-import pytest
 
 from conftest import read_csv, run_cli, write_scenario
 

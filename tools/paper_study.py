@@ -8,11 +8,10 @@ for: INT8 and Cosine end within a few points of FP32, INT4 clearly below."""
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from studies import REPO, run_and_compare
 
 
 def main() -> int:
@@ -27,25 +26,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/paper_study"))
     args = ap.parse_args()
 
-    dirs = []
+    runs = []
     for mode in args.modes.split(","):
-        scenario = REPO / "scenarios" / "paper" / f"mnist_{mode}.yaml"
-        out = args.out / mode
         sets = [f"rounds={args.rounds}", f"algorithm.local_epochs={args.epochs}", f"population.clients={args.clients}",
                 f"eval.every={args.eval_every}", *(["algorithm.train=false"] if args.comm_only else []), *args.extra]
-        cmd = [sys.executable, "-m", "emulator", "run", str(scenario), "--out", str(out)]
-        for s in sets:
-            cmd += ["--set", s]
-        print(f"== {mode}: {' '.join(sets)}", flush=True)
-        res = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
-        done = [line for line in res.stdout.splitlines() if line.startswith(("completed", "failed", "interrupted"))]
-        print(done[-1] if done else "(no summary line)", flush=True)
-        if res.returncode != 0:
-            print(f"{mode} failed with exit code {res.returncode}", file=sys.stderr)
-            return res.returncode
-        dirs.append(out)
-    return subprocess.run([sys.executable, "-m", "emulator", "compare", *map(str, dirs), "--out", str(args.out)],
-                          cwd=REPO).returncode
+        runs.append((mode, REPO / "scenarios" / "paper" / f"mnist_{mode}.yaml", sets))
+    return run_and_compare(runs, args.out)
 
 
 if __name__ == "__main__":
