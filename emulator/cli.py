@@ -43,10 +43,11 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
         summary = run_scenario(sc, resolved, out)
     except ScenarioError as exc:
         _fail(scenario, exc)
+    traffic = (f"payload peer-to-peer {summary['payload_gib_peer']:.4f} GiB" if summary.get("topology") == "ring" else
+               f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB")
     click.echo(
         f"{summary['status']}: {summary['rounds_completed']} rounds, emulated {summary['emulated_time_s']:.3f} s, "
-        f"wall {summary['wall_time_s']:.1f} s, best accuracy {summary['best_accuracy']}, "
-        f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB"
+        f"wall {summary['wall_time_s']:.1f} s, best accuracy {summary['best_accuracy']}, {traffic}"
     )
     click.echo(f"results: {summary['run_dir']}")
     run_dir = Path(summary["run_dir"])

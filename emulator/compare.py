@@ -20,7 +20,18 @@ class CompareError(ValueError):
 
 
 def mode_of(scenario: dict) -> str:
+    """The run's label: its codecs or bit schedule, prefixed by the algorithm when it is not FedAvg."""
     alg = scenario.get("algorithm", {})
+    name = alg.get("name", "fedavg")
+    algorithm = (alg.get("firma", {}).get("variant", "fibfl++") if name == "fibfl" else
+                 "fedprox" if name == "fedavg" and alg.get("prox_mu") else name)
+    codecs = _codec_mode(alg)
+    if algorithm == "fedavg":
+        return codecs
+    return algorithm if codecs == "fp32" else f"{algorithm} {codecs}"
+
+
+def _codec_mode(alg: dict) -> str:
     schedule = alg.get("quantization", {}).get("schedule", "static")
     if schedule != "static":
         return schedule
@@ -56,7 +67,7 @@ def time_to(rounds: list[dict], target: float | None) -> float | None:
 
 def compare(run_dirs: list[Path], target: float | None = None) -> list[dict[str, Any]]:
     runs = [load_run(Path(d)) for d in run_dirs]
-    payload = {id(r): r["summary"]["payload_bytes_up"] + r["summary"]["payload_bytes_down"] for r in runs}
+    payload = {id(r): sum(r["summary"].get(f"payload_bytes_{d}", 0) for d in ("up", "down", "peer")) for r in runs}
     baseline = next((r for r in runs if mode_of(r["scenario"]) == "fp32"), None)
     rows = []
     for r in runs:
@@ -71,7 +82,7 @@ def compare(run_dirs: list[Path], target: float | None = None) -> list[dict[str,
             "best_accuracy": s.get("best_accuracy"), "final_accuracy": s.get("final_accuracy"),
             "payload_gib": payload[id(r)] / GIB, "saving_vs_fp32": saving,
             "emulated_time_s": s.get("emulated_time_s"), "time_to_target_s": time_to(r["rounds"], goal),
-            "target": goal, "wire_gib": (s["wire_bytes_up"] + s["wire_bytes_down"]) / GIB,
+            "target": goal, "wire_gib": sum(s.get(f"wire_bytes_{d}", 0) for d in ("up", "down", "peer")) / GIB,
             "wall_time_s": s.get("wall_time_s"),
         })
     return rows

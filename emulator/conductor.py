@@ -20,8 +20,8 @@ import zmq
 
 from node.processes import host_main, server_main
 from protocol import envelope
-from .network import CONDUCTOR, SERVER, Link, NetworkConfig, network_main
-from .results import RunWriter, fmt_bytes
+from .network import CONDUCTOR, SERVER, NetworkConfig, network_main
+from .results import RingRounds, RunWriter, fmt_bytes
 from .scenario import Scenario
 from .world import World, build_world
 
@@ -100,26 +100,36 @@ class Conductor:
         self.peak_rss = 0
         self.peak_pss = 0
         self.startup_s: float | None = None
+        self.host_clients: dict[str, list[str]] = {}
+        self.ring: RingRounds | None = None
 
     # ---- processes -----------------------------------------------------------------------------
     def _spawn(self, world: World, endpoint: str) -> None:
         ctx = mp.get_context("fork")  # node processes inherit the imported modules and the loaded data
         me = os.getpid()
         links = {c.profile.name: c.link for c in world.clients}
-        links[SERVER] = world.server_link
+        names = [c.profile.name for c in world.clients]
         hosts = [f"host{h}" for h in range(world.hosts)]
         clock = self.sc.clock
-        net_cfg = NetworkConfig(endpoint, [CONDUCTOR, SERVER, *hosts], links, world.framing, me, world.faults,
-                                clock.speedup if clock.mode == "realtime" else None,
+        serverless = world.ring is not None
+        if not serverless:
+            links[SERVER] = world.server_link
+        net_cfg = NetworkConfig(endpoint, [CONDUCTOR, *([] if serverless else [SERVER]), *hosts], links, world.framing, me,
+                                world.faults, clock.speedup if clock.mode == "realtime" else None,
                                 devices={c.profile.name: c.spec for c in world.clients if c.spec is not None},
-                                seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of)
-        specs = [("network", "network", network_main, (net_cfg,)),
-                 ("server", "server", server_main,
-                  (endpoint, world.server, [c.profile.name for c in world.clients], world.task, 1, me))]
+                                seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of,
+                                starters=names if serverless else [SERVER], watchers=names if serverless else [SERVER])
+        specs = [("network", "network", network_main, (net_cfg,))]
+        if not serverless:
+            specs.append(("server", "server", server_main, (endpoint, world.server, names, world.task, 1, me)))
+        client_cfg = world.ring if serverless else world.client
+        if serverless:
+            self.ring = RingRounds(names)
         for h, name in enumerate(hosts):
             profiles = [c.profile for c in world.clients if c.host == h]
+            self.host_clients[name] = [p.name for p in profiles]
             specs.append((name, "host", host_main,
-                          (name, endpoint, profiles, world.task, world.client, world.threads_per_host, me)))
+                          (name, endpoint, profiles, world.task, client_cfg, world.threads_per_host, me)))
         for name, role, target, args in specs:
             if role == "network":
                 proc = FreshProcess("emulator.network", "network_main", args)
@@ -160,7 +170,13 @@ class Conductor:
         p = world.client.privacy
         writer.summary["privacy"] = {"mechanism": p.mechanism, "epsilon": None if p.epsilon == float("inf") else p.epsilon,
                                      "delta": p.delta, "clip": p.clip, "noise_factor_c_T": p.factor}
-        writer.summary["clients_per_round"] = world.server.clients_per_round
+        writer.summary["topology"] = self.sc.topology
+        if world.ring is not None:
+            r = world.ring
+            writer.summary["ring"] = {"variant": r.variant, "order": r.order, "passes": r.passes, "warmup_rounds": r.warmup,
+                                      "warmup_aggregator": r.aggregator if r.warmup else None}
+        else:
+            writer.summary["clients_per_round"] = world.server.clients_per_round
         clock = self.sc.clock
         writer.summary["clock"] = {"mode": clock.mode, **({"speedup": clock.speedup, "lag_bound_s": clock.lag_bound_s}
                                                            if clock.mode == "realtime" else {})}
@@ -244,7 +260,12 @@ class Conductor:
                                 after_round=writer.rows[-1]["round"] if writer.rows else None)
                 self.say(f"! {child.name} {how}: its clients are dropped")
                 sock.send(envelope.pack("peer_lost", peer=child.name))
-                if all(c.lost for c in lost):
+                if self.ring is not None:
+                    for rep in self.ring.lose(self.host_clients.get(child.name, [])):
+                        self._round_row(rep, writer)
+                    if not self.ring.expected:
+                        return "failed", "every host is gone: no ring client is left"
+                elif all(c.lost for c in lost):
                     self.say("! every host is gone; the server will finish with no clients")
             if now - last_progress > stall:
                 writer.incident(f"no progress for {stall:.0f} s of wall time")
@@ -253,26 +274,12 @@ class Conductor:
     def _on_report(self, body: dict[str, Any], writer: RunWriter) -> bool:
         kind = body.get("type")
         if kind == "round":
-            wall = time.monotonic() - self.t0
-            if self.startup_s is None:  # only if the clock_started report was missed
-                self.startup_s = wall
-            row = writer.round(body, wall)
-            lag = ""
-            if body.get("lag"):
-                clock = writer.summary["clock"]
-                clock["lag"] = body["lag"]
-                clock["faithful"] = body["lag"]["max_s"] <= self.sc.clock.lag_bound_s
-                lag = f"  lag p99 {1000 * body['lag']['p99_s']:.1f} ms"
-            writer.write_summary("running", wall_time_s=wall)
-            acc = f"  acc {row['accuracy']:.4f}" if row.get("accuracy") is not None else ""
-            if row.get("bits_down") is not None:
-                up = f"/{row['bits_up_mean']:.1f}" if row.get("bits_up_mean") is not None else ""
-                acc = f"  bits {row['bits_down']}{up}{acc}"
-            self.say(
-                f"round {row['round'] + 1}/{self.sc.rounds}  t={row['t_end']:.3f}s  "
-                f"ok {row['completed']}/{row['selected']} failed {row['failed']}  "
-                f"down {fmt_bytes(row['payload_bytes_down'])} up {fmt_bytes(row['payload_bytes_up'])}{acc}{lag}"
-            )
+            self._round_row(body, writer)
+        elif kind == "ring_round" and self.ring is not None:
+            for rep in self.ring.add(body):
+                self._round_row(rep, writer)
+        elif kind == "ring_finished" and self.ring is not None:
+            return self.ring.finish(body["client"])
         elif kind == "clock_started":
             self.startup_s = time.monotonic() - self.t0
         elif kind in ("error", "rejected"):
@@ -280,6 +287,29 @@ class Conductor:
         elif kind == "finished":
             return True
         return False
+
+    def _round_row(self, body: dict[str, Any], writer: RunWriter) -> None:
+        wall = time.monotonic() - self.t0
+        if self.startup_s is None:  # only if the clock_started report was missed
+            self.startup_s = wall
+        row = writer.round(body, wall)
+        lag = ""
+        if body.get("lag"):
+            clock = writer.summary["clock"]
+            clock["lag"] = body["lag"]
+            clock["faithful"] = body["lag"]["max_s"] <= self.sc.clock.lag_bound_s
+            lag = f"  lag p99 {1000 * body['lag']['p99_s']:.1f} ms"
+        writer.write_summary("running", wall_time_s=wall)
+        acc = f"  acc {row['accuracy']:.4f}" if row.get("accuracy") is not None else ""
+        if row.get("bits_down") is not None:
+            up = f"/{row['bits_up_mean']:.1f}" if row.get("bits_up_mean") is not None else ""
+            acc = f"  bits {row['bits_down']}{up}{acc}"
+        traffic = (f"peer {fmt_bytes(row['payload_bytes_peer'])}" if self.ring is not None else
+                   f"down {fmt_bytes(row['payload_bytes_down'])} up {fmt_bytes(row['payload_bytes_up'])}")
+        self.say(
+            f"round {row['round'] + 1}/{self.sc.rounds}  t={row['t_end']:.3f}s  "
+            f"ok {row['completed']}/{row['selected']} failed {row['failed']}  {traffic}{acc}{lag}"
+        )
 
 
 def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, progress: Callable[[str], None] = print) -> dict:

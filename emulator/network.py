@@ -76,6 +76,8 @@ class NetworkConfig:
     rto_s: float = 0.2  # delay a lost segment costs (Linux's minimum retransmission timeout)
     groups: dict[str, float] = field(default_factory=dict)  # shared bottleneck links: name -> bit/s
     group_of: dict[str, list[str]] = field(default_factory=dict)  # actor -> shared links its traffic crosses
+    starters: list[str] = field(default_factory=lambda: [SERVER])  # who gets "start" at t = 0
+    watchers: list[str] = field(default_factory=lambda: [SERVER])  # who learns of a lost host ("peer_down")
 
 
 class LagMeter:
@@ -185,7 +187,8 @@ class Network:
                 self.wall_start = time.monotonic()
                 self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})
                 self._start_devices()
-                self.push(0.0, DELIVER, "", next(self.net_counter), 0, ("deliver", self._net_message(SERVER, "start", {})))
+                for actor in self.cfg.starters:
+                    self.push(0.0, DELIVER, "", next(self.net_counter), 0, ("deliver", self._net_message(actor, "start", {})))
         elif op == "send":
             self._on_send(peer, env, frames[1:])
         elif op == "done":
@@ -254,9 +257,12 @@ class Network:
         self.flows.advance(self.now)
         for fid in [fid for fid in self.flows.flows if {self.transfers[fid].src, self.transfers[fid].dst} & set(lost)]:
             self._abort(fid, f"{'src' if self.transfers[fid].src in lost else 'dst'}_lost")
-        if SERVER not in lost and SERVER not in self.dead and lost:
-            msg = self._net_message(SERVER, "peer_down", {"actors": lost, "peer": peer})
-            self.push(self.now, DELIVER, "", next(self.net_counter), 0, ("deliver", msg))
+        if not lost:
+            return
+        for watcher in self.cfg.watchers:
+            if watcher not in self.dead:
+                msg = self._net_message(watcher, "peer_down", {"actors": lost, "peer": peer})
+                self.push(self.now, DELIVER, "", next(self.net_counter), 0, ("deliver", msg))
 
     def _net_message(self, dst: str, kind: str, body: dict) -> tuple[dict, list]:
         return {"src": "network", "dst": dst, "kind": kind, "round": -1, "t": 0.0, "body": body}, []

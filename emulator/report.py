@@ -12,7 +12,7 @@ from typing import Any
 
 GIB = 2**30
 PHASES = (("download", "download_start", "download_end", "#4c72b0"), ("compute", "compute_start", "compute_end", "#55a868"),
-          ("upload", "upload_start", "upload_end", "#c44e52"))
+          ("upload", "upload_start", "upload_end", "#c44e52"), ("gossip", "gossip_start", "gossip_end", "#8172b2"))
 
 
 class ReportError(ValueError):
@@ -55,7 +55,8 @@ def summary_text(summary: dict) -> str:
         f"best accuracy: {pct(summary.get('best_accuracy'))} (round {summary.get('best_accuracy_round')})   "
         f"final: {pct(summary.get('final_accuracy'))}   time to target {summary.get('target_accuracy')}: "
         f"{summary.get('time_to_target_s') if summary.get('time_to_target_s') is not None else '-'}",
-        f"payload GiB up {summary.get('payload_gib_up', 0):.4f} down {summary.get('payload_gib_down', 0):.4f}   "
+        f"payload GiB up {summary.get('payload_gib_up', 0):.4f} down {summary.get('payload_gib_down', 0):.4f} "
+        f"peer-to-peer {summary.get('payload_gib_peer', 0):.4f}   "
         f"saving vs fp32 {pct(summary.get('saving_vs_fp32'))}   wasted bytes {summary.get('wasted_bytes', 0)}",
         f"client outcomes: {summary.get('client_outcomes') or {}}",
     ]
@@ -72,7 +73,7 @@ def phase_split(rounds: list[dict], clients: list[dict]) -> list[dict[str, float
         ok = [c for c in clients if c["round"] == r["round"] and c["outcome"] == "ok"]
         split = {}
         for name, start, end, _ in PHASES:
-            spans = [_num(c[end]) - _num(c[start]) for c in ok if _num(c[start]) is not None and _num(c[end]) is not None]
+            spans = [_num(c[end]) - _num(c[start]) for c in ok if _num(c.get(start)) is not None and _num(c.get(end)) is not None]
             split[name] = sum(spans) / len(spans) if spans else 0.0
         split["waiting"] = max(0.0, float(r["duration_s"]) - sum(split.values()))
         out.append(split)
@@ -106,7 +107,7 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
     if evaluated:
         cumulative, total = {}, 0
         for r in rounds:
-            total += sum(int(r[k]) for k in ("payload_bytes_up", "payload_bytes_down"))
+            total += sum(int(r.get(k) or 0) for k in ("payload_bytes_up", "payload_bytes_down", "payload_bytes_peer"))
             cumulative[r["round"]] = total / GIB
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         acc = [float(r["accuracy"]) for r in evaluated]
@@ -123,8 +124,10 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
     fig, ax = plt.subplots(figsize=(11, 4))
     idx = [int(r["round"]) for r in rounds]
     bottom = [0.0] * len(rounds)
-    for name, color in (("download", PHASES[0][3]), ("compute", PHASES[1][3]), ("upload", PHASES[2][3]), ("waiting", "#bbbbbb")):
+    for name, color in [(p[0], p[3]) for p in PHASES] + [("waiting", "#bbbbbb")]:
         values = [s[name] for s in split]
+        if name == "gossip" and not any(values):
+            continue
         ax.bar(idx, values, bottom=bottom, color=color, label=name, width=0.8)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set(xlabel="round", ylabel="emulated seconds", title="round time: mean client phases, and waiting")
@@ -141,7 +144,7 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
         fig, ax = plt.subplots(figsize=(11, max(3, 0.25 * len(rows) + 1.5)))
         for y, c in enumerate(sorted(rows, key=lambda c: c["client"])):
             for name, start, end, color in PHASES:
-                s, e = _num(c[start]), _num(c[end])
+                s, e = _num(c.get(start)), _num(c.get(end))
                 if s is not None and e is not None:
                     ax.barh(y, e - s, left=s - t0, color=color, label=name if y == 0 else None)
             if c["outcome"] == "late":

@@ -17,13 +17,14 @@ SERVER = "server"
 TRANSFER_FIELDS = ["id", "round", "kind", "src", "dst", "payload_bytes", "fp32_bytes", "wire_bytes", "link_bytes",
                    "t_start", "t_end", "outcome", "wasted_bytes"]
 ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "wall_s", "selected", "completed", "failed", "rejected",
-                "payload_bytes_down", "payload_bytes_up", "wire_bytes_down", "wire_bytes_up",
-                "fp32_bytes_down", "fp32_bytes_up", "wasted_bytes", "bits_down", "bits_up_mean", "noise_scale_mean",
-                "train_loss", "accuracy", "test_loss"]
+                "payload_bytes_down", "payload_bytes_up", "payload_bytes_peer", "wire_bytes_down", "wire_bytes_up",
+                "wire_bytes_peer", "fp32_bytes_down", "fp32_bytes_up", "fp32_bytes_peer", "wasted_bytes", "bits_down",
+                "bits_up_mean", "noise_scale_mean", "train_loss", "train_accuracy", "gamma", "accuracy", "test_loss"]
 CLIENT_FIELDS = ["round", "client", "outcome", "samples", "checkin_t", "battery", "charging", "cpu_load", "link", "selected_t",
                  "download_start", "download_end", "compute_start", "compute_end", "upload_start", "upload_end",
+                 "gossip_start", "gossip_end",
                  "payload_bytes_down", "payload_bytes_up", "energy_j", "bits_down", "bits_up", "nu", "loss",
-                 "lipschitz", "sensitivity", "noise_scale"]
+                 "lipschitz", "sensitivity", "noise_scale", "update_norm"]
 DEVICE_FIELDS = ["t", "client", "event", "battery", "energy_j"]
 # why a selected client sent nothing, from what happened to its device during the round
 DROP_REASONS = {"battery": "dropped_battery", "offline": "dropped_offline", "link_down": "dropped_link_down"}
@@ -69,13 +70,20 @@ class RunWriter:
         self._transfers.writerow(rec)
         self.unassigned.append(rec)
 
-    def _take_transfers(self, t_end: float) -> list[dict]:
+    def _take_transfers(self, t_end: float, by_round: int | None = None) -> list[dict]:
         """The transfers that ended by t_end. The network reports every one of them before the
         report of a round that ends at t_end; later ones may or may not have arrived yet, so they
         wait for the next round. Rounds therefore account for what crossed the network during
-        them, and a run's rows are the same on every machine."""
-        taken = [r for r in self.unassigned if r["t_end"] <= t_end]
-        self.unassigned = [r for r in self.unassigned if r["t_end"] > t_end]
+        them, and a run's rows are the same on every machine.
+
+        A ring's rounds overlap in time (a client may start the next round while a slower one
+        still gossips), so there a round takes the transfers labelled with it (or earlier)."""
+        if by_round is not None:
+            mine = lambda r: r["round"] <= by_round  # noqa: E731
+        else:
+            mine = lambda r: r["t_end"] <= t_end  # noqa: E731
+        taken = [r for r in self.unassigned if mine(r)]
+        self.unassigned = [r for r in self.unassigned if not mine(r)]
         return taken
 
     @staticmethod
@@ -110,7 +118,7 @@ class RunWriter:
         self.device_events[rec["client"]].append(rec)
 
     def round(self, rep: dict, wall_s: float) -> dict:
-        taken = self._take_transfers(rep["t_end"])
+        taken = self._take_transfers(rep["t_end"], rep["round"] if rep.get("account") == "round" else None)
         sums = self._sums(taken)
         timing = self._client_timing(taken, rep["round"])
         clients = [self._client_row(rep, c, timing.get(c["client"], {})) for c in rep.get("clients", [])]
@@ -124,7 +132,7 @@ class RunWriter:
             "round": rep["round"], "t_start": rep["t_start"], "t_end": rep["t_end"],
             "duration_s": rep["t_end"] - rep["t_start"], "wall_s": wall_s,
             **{k: rep.get(k) for k in ("selected", "completed", "failed", "rejected", "train_loss", "accuracy", "test_loss",
-                                       "bits_down")},
+                                       "bits_down", "train_accuracy", "gamma")},
             "bits_up_mean": mean("bits_up"), "noise_scale_mean": mean("noise_scale"),
             **{f: sums.get(f, 0) for f in ROUND_FIELDS if "bytes" in f},
         }
@@ -145,7 +153,7 @@ class RunWriter:
         row.update(checkin_t=reported.get("checkin_t"), battery=status.get("battery"), charging=status.get("charging"),
                    cpu_load=status.get("cpu_load"),
                    link=status.get("link"), selected_t=rep["t_start"])
-        if row.get("download_end") is not None:
+        if row.get("download_end") is not None and row.get("compute_start") is None:
             row["compute_start"] = row["download_end"]
         if row.get("upload_start") is not None:
             row["compute_end"] = row["upload_start"]
@@ -167,8 +175,8 @@ class RunWriter:
         evaluated = [r for r in rows if r.get("accuracy") is not None]
         best = max(evaluated, key=lambda r: r["accuracy"], default=None)
         reached = next((r for r in evaluated if self.target and r["accuracy"] >= self.target), None)
-        fp32 = total("fp32_bytes_up") + total("fp32_bytes_down")
-        payload = total("payload_bytes_up") + total("payload_bytes_down")
+        fp32 = total("fp32_bytes_up") + total("fp32_bytes_down") + total("fp32_bytes_peer")
+        payload = total("payload_bytes_up") + total("payload_bytes_down") + total("payload_bytes_peer")
         self.summary.update({
             "status": status,
             "rounds_completed": len(rows),
@@ -180,6 +188,9 @@ class RunWriter:
             "time_to_target_s": reached["t_end"] if reached else None,
             "payload_gib_up": total("payload_bytes_up") / GIB,
             "payload_gib_down": total("payload_bytes_down") / GIB,
+            "payload_gib_peer": total("payload_bytes_peer") / GIB,
+            "payload_bytes_peer": total("payload_bytes_peer"),
+            "wire_bytes_peer": total("wire_bytes_peer"),
             "wire_gib_up": total("wire_bytes_up") / GIB,
             "wire_gib_down": total("wire_bytes_down") / GIB,
             "payload_bytes_up": total("payload_bytes_up"),
@@ -204,6 +215,54 @@ class RunWriter:
         for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file):
             if not f.closed:
                 f.close()
+
+
+class RingRounds:
+    """Round rows of a serverless run. Nobody sees a ring's round end: each client reports its own
+    (with its accuracy on its own test split). Round r of the run ends when the last live client
+    has finished it; its row has the mean of the clients' figures."""
+
+    def __init__(self, clients: list[str]):
+        self.expected = set(clients)
+        self.pending: dict[int, dict[str, dict]] = defaultdict(dict)
+        self.next_round = 0
+        self.finished: set[str] = set()
+
+    def add(self, rep: dict) -> list[dict]:
+        self.pending[rep["round"]][rep["client"]] = rep
+        return self._ready()
+
+    def lose(self, clients: list[str]) -> list[dict]:
+        self.expected -= set(clients)
+        return self._ready()
+
+    def finish(self, client: str) -> bool:
+        self.finished.add(client)
+        return bool(self.expected) and self.expected <= self.finished
+
+    def _ready(self) -> list[dict]:
+        rows = []
+        while self.expected and self.expected <= set(self.pending.get(self.next_round, {})):
+            reps = list(self.pending.pop(self.next_round).values())
+            rows.append(self._merge(self.next_round, reps))
+            self.next_round += 1
+        return rows
+
+    def _merge(self, index: int, reps: list[dict]) -> dict:
+        mean = lambda key: _mean(r.get(key) for r in reps)  # noqa: E731
+        accuracies = [r.get("accuracy") for r in reps]
+        return {
+            "type": "round", "round": index, "account": "round",
+            "t_start": min(r["t_start"] for r in reps), "t_end": max(r["t_end"] for r in reps),
+            "selected": len(reps), "completed": len(reps), "failed": 0, "rejected": 0,
+            "train_loss": mean("loss"), "train_accuracy": mean("train_accuracy"), "gamma": mean("gamma"),
+            "accuracy": _mean(accuracies) if all(a is not None for a in accuracies) else None,
+            "test_loss": mean("test_loss"), "lag": max(reps, key=lambda r: r["t_end"]).get("lag"),
+            "clients": [{"client": r["client"], "outcome": "ok", "samples": r.get("samples"), "loss": r.get("loss"),
+                         "compute_start": r["t_start"], "compute_end": r.get("compute_end"),
+                         "gossip_start": r.get("compute_end"), "gossip_end": r["t_end"]}
+                        for r in sorted(reps, key=lambda r: r["client"])],
+        }
 
 
 def _mean(values) -> float | None:

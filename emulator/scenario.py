@@ -100,9 +100,12 @@ class Population(Strict):
 
 
 class Partition(Strict):
-    kind: Literal["iid", "dirichlet", "by_user"] = "iid"
+    kind: Literal["iid", "dirichlet", "by_user", "label_skew"] = "iid"
     alpha: float = Field(0.5, gt=0, description="dirichlet concentration")
+    rule: Literal["redraw", "floor"] = Field(
+        "redraw", description="dirichlet: redraw until min_size holds, or FIRMA's floor counts with the remainder to the last client")
     min_size: int = Field(1, ge=1, description="dirichlet: redraw until every client has this many samples")
+    classes_per_client: int = Field(1, ge=1, description="label_skew: K primary classes per client (FIRMA 2.6)")
     users: int = Field(1000, ge=1, description="by_user: users of two labels each, merged round-robin into clients")
     size_sigma: float = Field(1.0, ge=0, description="by_user: log-normal spread of user sizes")
 
@@ -116,7 +119,7 @@ class Synthetic(Strict):
 
 class Task(Strict):
     dataset: Literal["mnist", "fashion_mnist", "synthetic"]
-    model: Literal["mnist_cnn", "mlp", "vgg7"] = "mnist_cnn"
+    model: Literal["mnist_cnn", "mlp", "vgg7", "firma_mlp"] = "mnist_cnn"
     partition: Partition = Field(default_factory=Partition)
     data_root: Optional[str] = None
     download: bool = False
@@ -210,8 +213,45 @@ class PrivacySpec(Strict):
         return self
 
 
+class Firma(Strict):
+    """FibFL, FibFL+, FibFL++ (ALGORITHMS.md part 2); defaults are the released code's FIBFL_CFG."""
+    variant: Literal["fibfl", "fibfl+", "fibfl++"] = "fibfl++"
+    epochs_head: int = Field(1, ge=0, description="E_h: head-only epochs per round")
+    epochs_extractor: int = Field(20, ge=0, description="E_e: extractor-only epochs per round")
+    gamma: float = Field(0.5, ge=0, le=1, description="self-retention of FibFL and FibFL+")
+    gamma_start: float = Field(0.4, ge=0, le=1, description="FibFL++: retention at the first main round")
+    gamma_end: float = Field(0.05, ge=0, le=1, description="FibFL++: retention at the last round")
+    tau: float = Field(0.35, ge=0, le=1, description="accuracy gate (FibFL+ and FibFL++)")
+    ordering: Literal["auto", "identity", "two_opt"] = Field(
+        "auto", description="ring order: auto is 2-opt for FibFL++ and identity for the others")
+    pass_timeout_s: Optional[float] = Field(
+        None, gt=0, description="go on without a neighbour silent this long after a pass began; null: wait (a ring of always-on devices)")
+
+
+class FedAlignSpec(Strict):
+    """FedAlign (ALGORITHMS.md part 3). The paper's values were not recovered; these defaults are ours."""
+    sample_fraction: float = Field(0.8, gt=0, lt=1, description="|S_k|/|D_k|: share of a client's data trained on each round")
+    rho: float = Field(1.0, gt=0, le=1, description="share of the unsampled part U_k used for the statistics")
+    granularity: Literal["channel", "dimension"] = Field("channel", description="moments per colour channel or per input dimension")
+    moments: Literal[2, 4] = Field(2, description="2: align mean and variance; 4: also skewness and kurtosis (Cornish-Fisher step)")
+    stat_clip: float = Field(10.0, gt=0, description="S_stat: each statistic is clamped to [-S, S] before noise")
+    stat_epsilon: Optional[float] = Field(None, gt=0, description="DP budget of the statistics; null: no noise")
+    stat_delta: float = Field(1e-5, gt=0, lt=1)
+    clip: Optional[float] = Field(None, gt=0, description="C: L2 clip of the pseudo-gradient (Eq. 3.6); null: no clipping")
+    epsilon: Optional[float] = Field(None, gt=0, description="DP budget of the update; needs clip; null: no noise")
+    delta: float = Field(1e-5, gt=0, lt=1)
+    server_lr: float = Field(1.0, gt=0, description="eta of Eq. 3.7, in units of the clients' own eta_l tau")
+
+    @model_validator(mode="after")
+    def _noise_needs_clip(self):
+        if self.epsilon is not None and self.clip is None:
+            raise ValueError("epsilon needs clip: the Gaussian noise is calibrated to the clip bound C")
+        return self
+
+
 class Algorithm(Strict):
-    name: Literal["fedavg"] = "fedavg"
+    name: Literal["fedavg", "fedalign", "fibfl"] = Field(
+        "fedavg", description="fedavg (with prox_mu: FedProx) and fedalign on a star; fibfl (the FIRMA family) on a ring")
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
@@ -221,6 +261,8 @@ class Algorithm(Strict):
     codec: Codecs = Field(default_factory=Codecs)
     quantization: Quantization = Field(default_factory=Quantization)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
+    firma: Firma = Field(default_factory=Firma)
+    fedalign: FedAlignSpec = Field(default_factory=FedAlignSpec)
 
     @model_validator(mode="after")
     def _adaptive_needs_int(self):
@@ -234,6 +276,8 @@ class Algorithm(Strict):
 
 class Eval(Strict):
     every: int = Field(1, ge=0, description="evaluate every N rounds (and after the last); 0: never")
+    split: Literal["global", "clients"] = Field(
+        "global", description="global: the test set; clients: mean over clients of the accuracy on each one's own test split")
     max_samples: Optional[int] = Field(None, ge=1)
     target_accuracy: Optional[float] = Field(None, gt=0, le=1)
 
@@ -276,7 +320,8 @@ class Scenario(Strict):
     task: Task
     population: Population
     server: Server = Field(default_factory=Server)
-    selection: Selection
+    topology: Literal["star", "ring"] = Field("star", description="star: a server; ring: serverless gossip between ring neighbours")
+    selection: Selection = Field(default_factory=lambda: Selection(fraction=1.0))
     round: RoundPolicy = Field(default_factory=RoundPolicy)
     algorithm: Algorithm = Field(default_factory=Algorithm)
     eval: Eval = Field(default_factory=Eval)
@@ -294,6 +339,29 @@ class Scenario(Strict):
                     raise ValueError(f"population.shared_links[{i}].links: no link mix named {name!r} (have {sorted(names)})")
         if self.population.availability.kind == "trace" and not self.population.availability.trace:
             raise ValueError("population.availability.trace: kind trace needs a trace file")
+        return self
+
+    @model_validator(mode="after")
+    def _topology_fits(self):
+        ring_algorithms = ("fibfl",)
+        if self.topology == "ring":
+            if self.algorithm.name not in ring_algorithms:
+                raise ValueError(f"topology ring runs algorithm.name fibfl, got {self.algorithm.name!r}")
+            if self.population.clients < 3:
+                raise ValueError(f"topology ring needs at least 3 clients, got population.clients {self.population.clients}")
+            if "selection" in self.model_fields_set:
+                raise ValueError("selection: a ring has no server to select; every client takes part in every round")
+            if self.population.availability.kind != "always" and self.algorithm.firma.pass_timeout_s is None:
+                raise ValueError("population.availability: a ring waits for its neighbours; with devices that go "
+                                 "offline set algorithm.firma.pass_timeout_s")
+            if self.algorithm.privacy.mechanism != "none" or self.algorithm.quantization.schedule != "static":
+                raise ValueError("algorithm.privacy and algorithm.quantization.schedule apply to star algorithms only")
+        elif self.algorithm.name in ring_algorithms:
+            raise ValueError(f"algorithm.name {self.algorithm.name} runs on topology: ring")
+        if self.algorithm.name == "fedalign" and self.algorithm.privacy.mechanism != "none":
+            raise ValueError("algorithm.privacy is the core paper's local DP; FedAlign has its own (algorithm.fedalign.clip, epsilon)")
+        if self.algorithm.name == "fibfl" and self.task.model != "firma_mlp":
+            raise ValueError(f"algorithm fibfl keeps a private head: task.model must be firma_mlp, got {self.task.model!r}")
         return self
 
     @model_validator(mode="after")

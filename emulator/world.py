@@ -8,7 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from node import data as datasets
+from node import firma
 from node.client import ClientConfig, ClientProfile, Privacy, TaskSpec
+from node.fedalign import FedAlignConfig
+from node.models import PRIVATE_PREFIX
+from node.ring import RingConfig
 from node.privacy import noise_factor
 from node.schedule import BitSchedule
 from node.server import ServerConfig
@@ -43,6 +47,7 @@ class World:
     groups: dict[str, float]
     group_of: dict[str, list[str]]
     rto_s: float
+    ring: RingConfig | None = None  # topology ring: the gossip configuration (no server process)
 
 
 def mix_counts(shares: list[float], total: int) -> list[int]:
@@ -88,22 +93,15 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     task = task or load_task(sc)
     rng = np.random.default_rng(sc.seed)
     n = sc.population.clients
-    labels = task.train.y.numpy()
-    part = sc.task.partition
-    if part.kind == "iid":
-        shards = datasets.partition_iid(labels.size, n, rng)
-    elif part.kind == "by_user":
-        try:
-            shards = datasets.partition_by_user(labels, n, part.users, sc.seed, part.size_sigma)
-        except datasets.DataError as exc:
-            raise ScenarioError(f"task.partition: {exc}") from None
-    else:
-        try:
-            shards = datasets.partition_dirichlet(labels, n, part.alpha, rng, part.min_size)
-        except datasets.DataError as exc:
-            raise ScenarioError(f"task.partition: {exc}") from None
+    shards = _partition(sc, task.train.y.numpy(), rng, "task.partition")
+    # Each client's own test split, by the same rule on the test labels (an independent draw for the
+    # random ones, as FIRMA's data.py does), where evaluation is per client.
+    test_shards: list = [None] * n
+    if sc.topology == "ring" or sc.eval.split == "clients":
+        test_rng = np.random.default_rng([sc.seed, 0x7E57])
+        test_shards = _partition(sc, task.test.y.numpy(), test_rng, "task.partition (test split)", test=True)
     if min(s.size for s in shards) == 0:
-        raise ScenarioError(f"task.partition: {labels.size} samples cannot give each of {n} clients at least one")
+        raise ScenarioError(f"task.partition: {task.train.y.numel()} samples cannot give each of {n} clients at least one")
     devices = assign_mix([d.share for d in sc.population.devices], n, rng)
     links = assign_mix([lk.share for lk in sc.population.links], n, rng)
     hosts = min(sc.population.hosts or usable_cores(), n)
@@ -123,7 +121,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
             except ValueError as exc:
                 raise ScenarioError(str(exc)) from None
             up = down = kbps * 1e3
-        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms)
+        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms, test_shards[i])
         link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss)
         spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
@@ -154,21 +152,63 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         samples={c.profile.name: int(c.profile.indices.size) for c in clients},
         selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
-        selection_params=_selection_params(sc),
+        selection_params=_selection_params(sc), fedalign=alg.name == "fedalign", server_lr=alg.fedalign.server_lr,
+        eval_shards=test_shards if sc.eval.split == "clients" else None,
     )
     dp = alg.privacy
     privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
                       noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n))
     client = ClientConfig(make_codec(alg.codec.up.model_dump()), sc.seed, schedule, q.lambda_h, privacy,
-                          alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu)
+                          alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
+                          _fedalign_config(alg.fedalign) if alg.name == "fedalign" else None)
+    ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     sl = sc.server.link
     return World(
         task=task, clients=clients,
         server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0),
         server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
-        faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0,
+        faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
     )
+
+
+def _partition(sc: Scenario, labels: np.ndarray, rng: np.random.Generator, key: str, test: bool = False) -> list[np.ndarray]:
+    n = sc.population.clients
+    part = sc.task.partition
+    try:
+        if part.kind == "iid" or (part.kind == "by_user" and test):  # users exist only in the training set
+            return datasets.partition_iid(labels.size, n, rng)
+        if part.kind == "by_user":
+            return datasets.partition_by_user(labels, n, part.users, sc.seed, part.size_sigma)
+        if part.kind == "label_skew":
+            return datasets.partition_label_skew(labels, n, part.classes_per_client, rng)
+        if part.rule == "floor":
+            return datasets.partition_dirichlet_floor(labels, n, part.alpha, rng)
+        return datasets.partition_dirichlet(labels, n, part.alpha, rng, 1 if test else part.min_size)
+    except datasets.DataError as exc:
+        raise ScenarioError(f"{key}: {exc}") from None
+
+
+def _fedalign_config(spec) -> FedAlignConfig:
+    return FedAlignConfig(spec.sample_fraction, spec.rho, spec.granularity, spec.moments, spec.stat_clip,
+                          spec.stat_epsilon, spec.stat_delta, spec.clip, spec.epsilon, spec.delta)
+
+
+def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> RingConfig:
+    """The ring and its order. FibFL++'s 2-opt order is computed here, before training, from the
+    clients' class proportions; a deployment would have to share those proportions once, which
+    the emulator does not charge (N vectors of C floats)."""
+    f = sc.algorithm.firma
+    ordering = f.ordering if f.ordering != "auto" else ("two_opt" if f.variant == "fibfl++" else "identity")
+    names = [c.profile.name for c in clients]
+    if ordering == "two_opt":
+        labels = task.train.y.numpy()
+        q = firma.class_proportions([labels[c.profile.indices] for c in clients], task.train.classes)
+        names = [names[i] for i in firma.two_opt(q)]
+    alg = sc.algorithm
+    return RingConfig(f.variant, sc.rounds, names, sc.seed, f.epochs_head, f.epochs_extractor, alg.lr, alg.batch_size,
+                      f.gamma, f.gamma_start, f.gamma_end, f.tau, make_codec(alg.codec.up.model_dump()), sc.eval.every,
+                      PRIVATE_PREFIX[sc.task.model], f.pass_timeout_s)
 
 
 def _selection_params(sc: Scenario) -> dict[str, float]:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from protocol.codecs import Codec, CodecError, decode_state, encode_state
+from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_codec
+from . import fedalign
 from .actor import Message, Reaction, Send
 from .data import Dataset
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
@@ -20,12 +21,16 @@ from .schedule import BitSchedule, importance
 from .training import LocalTraining, TrainingResult, train_local
 
 
+STATS_CODEC = make_codec("fp32")  # moments travel at full precision: a handful of numbers
+
+
 @dataclass
 class ClientProfile:
     name: str
     index: int
     indices: np.ndarray  # the client's training samples
     ms_per_sample: float  # modelled compute speed of its device
+    test_indices: np.ndarray | None = None  # its own test split, where the algorithm evaluates per client
 
 
 @dataclass
@@ -63,6 +68,7 @@ class ClientConfig:
     shuffle: str = "every_epoch"
     checkin: bool = False  # check in with the server whenever the device comes online
     prox_mu: float = 0.0  # FedProx proximal weight (0: plain FedAvg local training)
+    fedalign: fedalign.FedAlignConfig | None = None  # FedAlign: statistics phase, aligned data, DP update
 
 
 class Trainer:
@@ -73,9 +79,10 @@ class Trainer:
         self.model = task.build()
         self.spec = state_spec(self.model)
 
-    def train(self, state, indices, cfg: LocalTraining, rng, fixed_order=None) -> tuple[dict[str, np.ndarray], TrainingResult]:
+    def train(self, state, indices, cfg: LocalTraining, rng, fixed_order=None, data: Dataset | None = None
+              ) -> tuple[dict[str, np.ndarray], TrainingResult]:
         load_numpy_state(self.model, state)
-        result = train_local(self.model, self.task.train, indices, cfg, rng, fixed_order)
+        result = train_local(self.model, data or self.task.train, indices, cfg, rng, fixed_order)
         return state_to_numpy(self.model), result
 
 
@@ -94,6 +101,7 @@ class ClientActor:
         self.generation = 0  # bumped when the device comes back online: work begun before is lost
         self.labels = trainer.task.train.y.numpy()[profile.indices]
         self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(profile.indices)
+        self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
 
     def _reject(self, msg: Message, error: str) -> Reaction:
         self.rejected += 1
@@ -110,15 +118,24 @@ class ClientActor:
             if self.cfg.checkin:
                 return Reaction(sends=[Send("server", "checkin", -1, self.status(msg))])
             return Reaction()
-        if msg.kind != "task":
-            return Reaction()
-        body = msg.body
+        if msg.kind == "task":
+            return self._send_statistics(msg) if self.cfg.fedalign else self._train(msg, msg)
+        if msg.kind == "moments":
+            return self._train_aligned(msg)
+        return Reaction()
+
+    def _train(self, task: Message, now: Message, sampled: np.ndarray | None = None,
+               target: dict[str, np.ndarray] | None = None) -> Reaction:
+        """Train on the task's model and send the update. With FedAlign, `sampled` is this round's S_k
+        and `target` the global moments its data is aligned to."""
+        body = task.body
         local = LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
                               clip=self.cfg.privacy.clip, clip_norm=self.cfg.privacy.clip_norm,
                               estimate_lipschitz=self.cfg.privacy.mechanism != "none", shuffle=self.cfg.shuffle,
                               prox_mu=self.cfg.prox_mu)
         samples = int(self.profile.indices.size)
-        rng = np.random.default_rng([self.cfg.seed, msg.round, self.profile.index])
+        trained_on = samples if sampled is None else int(sampled.size)
+        rng = np.random.default_rng([self.cfg.seed, task.round, self.profile.index])
         nu = 1.0
         if self.cfg.schedule.kind == "dynamic":
             nu = importance(self.labels, self.trainer.task.train.classes, samples, int(body.get("n_max", samples)),
@@ -126,7 +143,7 @@ class ClientActor:
         codec = self.cfg.up_codec
         bits = getattr(codec, "bits", None)
         if self.cfg.schedule.adaptive:
-            bits = self.cfg.schedule.client_bits(msg.round, bits, nu)
+            bits = self.cfg.schedule.client_bits(task.round, bits, nu)
             codec = codec.with_bits(bits)
 
         generation = self.generation
@@ -135,26 +152,36 @@ class ClientActor:
             # Decoded only now: a host may hold tasks for dozens of clients waiting their turn, and the
             # encoded frames are several times smaller than the dequantized float32 model.
             try:
-                state, basis = decode_state(msg.frames, self.trainer.spec)
+                state, basis = decode_state(task.frames, self.trainer.spec)
             except CodecError as exc:
-                return self._reject(msg, str(exc))
+                return self._reject(task, str(exc))
             if basis != "weights":
-                return self._reject(msg, "task must carry weights")
+                return self._reject(task, "task must carry weights")
             info = {"samples": samples, "bits": bits, "nu": nu}
             if self.cfg.checkin:
                 info["status"] = status
+            data, indices, order = None, self.profile.indices, self.fixed_order
+            if sampled is not None:
+                data = self._aligned(sampled, target)
+                indices, order = np.arange(sampled.size), None
             if self.cfg.train:
-                new_state, result = self.trainer.train(state, self.profile.indices, local, rng, self.fixed_order)
+                new_state, result = self.trainer.train(state, indices, local, rng, order, data)
                 info["loss"] = result.loss
                 new_state = self._privatize(new_state, result, local, rng, info)
             else:
                 new_state = state
-            if codec.encodes_delta:
+            if sampled is not None:
+                steps = local.epochs * -(-int(indices.size) // local.batch_size)
+                fa = self.cfg.fedalign
+                update = fedalign.private_update(state, new_state, local.lr * steps, fa.clip, fa.epsilon, fa.delta, rng)
+                info.update(noise_scale=update.noise_scale, update_norm=update.norm)
+                encoded = encode_state(update.delta, codec, rng, basis="delta")
+            elif codec.encodes_delta:
                 payload = {k: new_state[k] - state[k] for k in new_state}
                 encoded = encode_state(payload, codec, rng, basis="delta")
             else:
                 encoded = encode_state(new_state, codec, rng)
-            update = Send("server", "update", msg.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
+            update = Send("server", "update", task.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
 
             def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before
                 if generation != self.generation:
@@ -163,9 +190,47 @@ class ClientActor:
 
             return deliver
 
-        load = float((msg.device or {}).get("cpu_load", 0.0))
-        status = self.status(msg)
-        return Reaction(work_s=training_seconds(self.profile.ms_per_sample, samples, local.epochs, load), work=work)
+        load = float((now.device or {}).get("cpu_load", 0.0))
+        status = self.status(now)
+        return Reaction(work_s=training_seconds(self.profile.ms_per_sample, trained_on, local.epochs, load), work=work)
+
+    # ---- FedAlign (ALGORITHMS.md 3.1) ------------------------------------------------------------
+    def _send_statistics(self, task: Message) -> Reaction:
+        """Step 2: moments of this round's unsampled data, clipped and noised, to the server. The
+        task waits here for the global moments. Their computation is not given emulated time (one
+        pass over a few thousand inputs, against epochs of training)."""
+        fa = self.cfg.fedalign
+        rng = np.random.default_rng([self.cfg.seed, task.round, self.profile.index, 0xA1])
+        sampled, unsampled = fedalign.split_round(self.profile.indices, fa, rng)
+        x, _ = self.trainer.task.train.batch(torch.from_numpy(unsampled))
+        stats = fedalign.privatize_moments(fedalign.moments(x.numpy(), fa.granularity), fa.stat_clip,
+                                           int(unsampled.size), fa.stat_epsilon, fa.stat_delta, rng)
+        encoded = encode_state(stats, STATS_CODEC, rng)
+        self.pending = {task.round: (task, sampled)}  # an older round's task is abandoned
+        return Reaction(sends=[Send("server", "stats", task.round, {"samples": int(self.profile.indices.size)},
+                                    encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)])
+
+    def _train_aligned(self, msg: Message) -> Reaction:
+        task, sampled = self.pending.pop(msg.round, (None, None))
+        if task is None:
+            return Reaction()
+        try:
+            target, _ = decode_state(msg.frames, {k: ((self.moment_size,), "f4") for k in fedalign.MOMENTS})
+        except CodecError as exc:
+            return self._reject(msg, f"global moments: {exc}")
+        return self._train(task, msg, sampled, target)
+
+    @property
+    def moment_size(self) -> int:
+        shape = self.trainer.task.train.input_shape
+        return int(shape[0]) if self.cfg.fedalign.granularity == "channel" else int(np.prod(shape))
+
+    def _aligned(self, sampled: np.ndarray, target: dict[str, np.ndarray]) -> Dataset:
+        """S_k' = Align(S_k; global moments), as float inputs in the same [0, 1] scale as the rest."""
+        x, y = self.trainer.task.train.batch(torch.from_numpy(sampled))
+        fa = self.cfg.fedalign
+        aligned = fedalign.align(x.numpy(), target, fa.granularity, higher=fa.moments == 4)
+        return Dataset(torch.from_numpy(aligned), y, self.trainer.task.train.classes)
 
     def _privatize(self, state, result: TrainingResult, local: LocalTraining, rng, info: dict):
         """Eq. 1.10-1.11: sensitivity from this round's Lipschitz estimate, then noise on the weights."""

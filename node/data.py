@@ -189,3 +189,43 @@ def partition_by_user(labels: np.ndarray, clients: int, users: int = 1000, seed:
     for u in range(users):
         merged[u % clients].extend(parts[u])
     return [np.sort(np.concatenate(m)) for m in merged]
+
+
+def partition_label_skew(labels: np.ndarray, clients: int, k: int, rng: np.random.Generator,
+                         primary: float = 0.55, secondary: float = 0.20, rest: float = 0.03) -> list[np.ndarray]:
+    """FIRMA's label skew (ALGORITHMS.md 2.6): client i's primary classes are cyc[iK : iK+K] and its
+    secondary ones cyc[iK+K : iK+2K+1] of the cycled class list. With B = max(20, floor(n/N)) it
+    takes floor(primary B) samples from EACH primary class, floor(secondary B) from each secondary
+    class and floor(rest B) from each other class, in client order, from one shuffled pool per
+    class; a class that runs dry gives what it has left."""
+    classes = int(labels.max()) + 1
+    pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in range(classes)]
+    taken = [0] * classes
+    budget = max(20, labels.size // clients)
+    shards = []
+    for i in range(clients):
+        first = [(i * k + j) % classes for j in range(k)]
+        second = [(i * k + k + j) % classes for j in range(k + 1)]
+        parts = []
+        for c in range(classes):
+            share = primary if c in first else secondary if c in second else rest
+            want = int(np.floor(share * budget))
+            got = pools[c][taken[c]: taken[c] + want]
+            taken[c] += len(got)
+            parts.append(np.asarray(got, dtype=np.int64))
+        shards.append(np.sort(np.concatenate(parts)))
+    return shards
+
+
+def partition_dirichlet_floor(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """FIRMA's Dirichlet split (ALGORITHMS.md 2.6): per class, p ~ Dir(alpha 1_N), client j gets
+    floor(p_j n_c) samples and the last client the remainder. No redraw."""
+    classes = np.unique(labels)
+    parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
+    for c in classes:
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        counts = np.floor(rng.dirichlet(np.full(clients, alpha)) * idx.size).astype(int)
+        counts[-1] = idx.size - counts[:-1].sum()
+        for j, chunk in enumerate(np.split(idx, np.cumsum(counts)[:-1])):
+            parts[j].append(chunk)
+    return [np.sort(np.concatenate(p)) for p in parts]

@@ -55,7 +55,26 @@ class VGG7(nn.Module):
         return self.classifier(self.features(x))
 
 
-MODELS = ("mnist_cnn", "mlp", "vgg7")
+class FirmaMLP(nn.Module):
+    """The FIRMA model of ALGORITHMS.md 2.1: a shared extractor (784-256-256-128 with LayerNorm)
+    and a private linear head. Inputs in [0, 1] are normalised with (0.5, 0.5) inside, as the
+    paper's loaders do."""
+
+    def __init__(self, in_features: int, classes: int = 10):
+        super().__init__()
+        self.extractor = nn.Sequential(
+            nn.Flatten(), nn.Linear(in_features, 256), nn.LayerNorm(256), nn.ReLU(),
+            nn.Linear(256, 256), nn.LayerNorm(256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+        )
+        self.head = nn.Linear(128, classes)
+
+    def forward(self, x):
+        return self.head(self.extractor((x - 0.5) / 0.5))
+
+
+MODELS = ("mnist_cnn", "mlp", "vgg7", "firma_mlp")
+# Parameters that never leave a client in the ring algorithms, by name prefix.
+PRIVATE_PREFIX = {"firma_mlp": "head."}
 
 
 def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int = 0) -> nn.Module:
@@ -66,6 +85,8 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
         return MnistCNN(input_shape[0], classes, input_shape[1])
     if name == "mlp":
         return MLP(int(np.prod(input_shape)), classes)
+    if name == "firma_mlp":
+        return FirmaMLP(int(np.prod(input_shape)), classes)
     if name == "vgg7":
         if len(input_shape) != 3:
             raise ValueError(f"vgg7 needs C x H x W inputs, got {input_shape}")

@@ -6,15 +6,22 @@ import torch
 
 from .lifecycle import detach_from_terminal_signals
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
+from .ring import Evaluator, RingClientActor, RingConfig
 from .runtime import Runtime
 from .server import ServerActor, ServerConfig
 
-def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig,
+
+def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig | RingConfig,
               threads: int, parent_pid: int) -> None:
+    """A host of client actors: star clients sharing one model, or ring clients with their own."""
     detach_from_terminal_signals(parent_pid, peer)
     torch.set_num_threads(threads)
-    trainer = Trainer(task)
-    actors = [ClientActor(profile, trainer, cfg) for profile in clients]
+    if isinstance(cfg, RingConfig):
+        evaluator = Evaluator(task)
+        actors = [RingClientActor(profile, task, cfg, evaluator) for profile in clients]
+    else:
+        trainer = Trainer(task)
+        actors = [ClientActor(profile, trainer, cfg) for profile in clients]
     Runtime(peer, endpoint, actors, parent_pid).run()
 
 

@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codecs import Codec, CodecError, decode_state, encode_state
+from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_codec
 from .actor import Message, Reaction, Send
 from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule
+from . import fedalign
 from .strategy import WeightedAverage, select_clients
-from .training import evaluate
+from .training import accuracy_on, evaluate
 
 
 @dataclass
@@ -37,9 +38,12 @@ class ServerConfig:
     round_policy: str = "all"  # all: wait for every selected client (or the deadline); first_k: close at K updates
     checkin: bool = False  # True: only clients that checked in are eligible, with their reported status
     checkin_wait_s: float = 0.0  # how long to collect check-ins before a round when too few are eligible
+    fedalign: bool = False  # a statistics phase (client moments in, global moments out) before training
+    server_lr: float = 1.0  # step along the averaged update (Eq. 3.7); 1 is plain FedAvg
+    eval_shards: list[np.ndarray] | None = None  # evaluate on each client's test split and average
 
 
-CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale")
+CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale", "update_norm")
 
 
 @dataclass
@@ -56,6 +60,8 @@ class RoundState:
     bits_down: int | None = None
     clients: dict[str, dict[str, Any]] = field(default_factory=dict)  # per selected client: what it reported, outcome
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # check-in status each was selected on
+    stats_waiting: set[str] = field(default_factory=set)  # FedAlign: clients whose moments are still due
+    stats: dict[str, tuple[dict, float]] = field(default_factory=dict)
 
 
 class ServerActor:
@@ -75,6 +81,7 @@ class ServerActor:
         # who may be selected, with their last reported status; without check-in, everyone
         self.pool: dict[str, dict[str, Any]] = {} if cfg.checkin else {c: {} for c in self.clients}
         self.last_round_end = 0.0
+        self.stats_codec = make_codec("fp32")
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
 
     # ---- reactions --------------------------------------------------------------------------
@@ -90,6 +97,8 @@ class ServerActor:
             return self._begin(index, msg.t) if self.round is None else Reaction()
         if msg.kind == "update":
             return self._on_update(msg)
+        if msg.kind == "stats":
+            return self._on_stats(msg)
         if msg.kind == "peer_down":
             return self._on_down(msg)
         if msg.kind == "tick" and self.round and msg.body.get("tag") == f"deadline:{self.round.index}":
@@ -113,6 +122,8 @@ class ServerActor:
                 self.pool.pop(name, None)
         self.round = RoundState(index, t, selected, set(selected))
         self.round.statuses = statuses
+        if self.cfg.fedalign:
+            self.round.stats_waiting = set(selected)
         if not selected:
             return self._close(t)
         codec = self.cfg.down_codec
@@ -155,6 +166,35 @@ class ServerActor:
         enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round
         return self._close(msg.t) if enough or not rnd.waiting else Reaction()
 
+    def _on_stats(self, msg: Message) -> Reaction:
+        """FedAlign step 3: once every selected client's moments are in, broadcast their aggregate."""
+        rnd = self.round
+        if rnd is None or msg.round != rnd.index or msg.src not in rnd.stats_waiting:
+            return Reaction()
+        rnd.stats_waiting.discard(msg.src)
+        try:
+            stats, _ = decode_state(msg.frames)
+            if set(stats) != set(fedalign.MOMENTS):
+                raise CodecError(f"moments must be {fedalign.MOMENTS}, got {sorted(stats)}")
+        except CodecError as exc:
+            print(f"[server] rejected statistics from {msg.src}: {exc}", file=sys.stderr)
+        else:
+            rnd.stats[msg.src] = (stats, float(msg.body.get("samples", 1)))
+        return self._maybe_send_moments(rnd)
+
+    def _maybe_send_moments(self, rnd: RoundState) -> Reaction:
+        if rnd.stats_waiting or not rnd.stats:
+            return Reaction()
+        shapes = {m[k].shape for m, _ in rnd.stats.values() for k in fedalign.MOMENTS}
+        if len(shapes) != 1:
+            print(f"[server] statistics of round {rnd.index} disagree in shape {sorted(shapes)}; round skipped", file=sys.stderr)
+            return Reaction()
+        target = fedalign.aggregate_moments(list(rnd.stats.values()))
+        encoded = encode_state(target, self.stats_codec, np.random.default_rng([self.cfg.seed, rnd.index, 0xA1]))
+        to = sorted(rnd.stats)
+        rnd.stats = {}
+        return Reaction(sends=[Send(to, "moments", rnd.index, {}, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)])
+
     def _on_down(self, msg: Message) -> Reaction:
         lost = set(msg.body.get("actors", []))
         self.down |= lost
@@ -166,7 +206,14 @@ class ServerActor:
         rnd.failed.extend(gone)
         for name in gone:
             rnd.clients[name] = {"outcome": "host_crash"}
-        return self._close(msg.t) if gone and not rnd.waiting else Reaction()
+        if gone and not rnd.waiting:
+            return self._close(msg.t)
+        if rnd.stats_waiting & lost:
+            rnd.stats_waiting -= lost
+            for name in lost:
+                rnd.stats.pop(name, None)
+            return self._maybe_send_moments(rnd)
+        return Reaction()
 
     # ---- round end --------------------------------------------------------------------------
     def _close(self, t: float) -> Reaction:
@@ -181,6 +228,9 @@ class ServerActor:
 
         def work():
             new_state = rnd.average.result(self.global_state)
+            if self.cfg.server_lr != 1.0 and rnd.average.total > 0:
+                new_state = {k: (self.global_state[k] + self.cfg.server_lr * (new_state[k] - self.global_state[k])).astype(
+                    self.global_state[k].dtype) for k in new_state}
 
             def advance() -> Reaction:
                 self.global_state = new_state
@@ -211,7 +261,11 @@ class ServerActor:
 
         def evaluated() -> dict[str, Any]:
             load_numpy_state(self.eval_model, snapshot)
-            acc, loss = evaluate(self.eval_model, self.task.test, self.cfg.eval_max_samples)
+            if self.cfg.eval_shards:  # the same metric as a ring: mean over clients of their own test split
+                scores = [accuracy_on(self.eval_model, self.task.test, shard) for shard in self.cfg.eval_shards]
+                acc, loss = float(np.mean([a for a, _ in scores])), float(np.mean([b for _, b in scores]))
+            else:
+                acc, loss = evaluate(self.eval_model, self.task.test, self.cfg.eval_max_samples)
             return {**base, "accuracy": acc, "test_loss": loss}
 
         return evaluated

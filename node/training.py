@@ -86,3 +86,46 @@ def evaluate(model: nn.Module, data: Dataset, max_samples: int | None = None, ba
         loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
         correct += int((out.argmax(1) == y).sum())
     return correct / max(n, 1), loss_sum / max(n, 1)
+
+
+def train_part(model: nn.Module, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, data: Dataset,
+               indices: np.ndarray, epochs: int, batch_size: int, rng: np.random.Generator) -> float:
+    """Epochs of cross-entropy that update only `params` with the caller's (persistent) optimizer;
+    every other parameter is frozen meanwhile (ALGORITHMS.md 2.2). Returns the last epoch's mean loss."""
+    model.train()
+    trainable = {id(p) for p in params}
+    frozen = [p for p in model.parameters() if id(p) not in trainable and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    loss_fn = nn.CrossEntropyLoss()
+    last = 0.0
+    try:
+        for _ in range(epochs):
+            total, count = 0.0, 0
+            order = rng.permutation(indices)
+            for s in range(0, order.size, batch_size):
+                x, y = data.batch(torch.from_numpy(order[s:s + batch_size]))
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * y.numel()
+                count += y.numel()
+            last = total / max(count, 1)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    return last
+
+
+@torch.no_grad()
+def accuracy_on(model: nn.Module, data: Dataset, indices: np.ndarray, batch_size: int = 1000) -> tuple[float, float]:
+    """(accuracy, mean loss) of the model on the given samples."""
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for s in range(0, indices.size, batch_size):
+        x, y = data.batch(torch.from_numpy(indices[s:s + batch_size]))
+        out = model(x)
+        loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
+        correct += int((out.argmax(1) == y).sum())
+    return correct / max(indices.size, 1), loss_sum / max(indices.size, 1)

@@ -11,7 +11,8 @@ import msgpack
 VERSION = 1
 MAX_ENVELOPE_BYTES = 1 << 20
 
-KINDS = frozenset({"start", "task", "update", "checkin", "stats", "gossip", "tick", "peer_down", "online", "error"})
+KINDS = frozenset({"start", "task", "update", "checkin", "stats", "moments", "gossip", "warmup_update", "warmup_model",
+                   "tick", "peer_down", "online", "error"})
 
 _STR, _INT, _NUM, _MAP, _LIST = str, int, (int, float), dict, list
 _OPTIONAL = object()

@@ -5,7 +5,7 @@ import json
 import psutil
 import pytest
 
-from conftest import REPO, needs_mnist, run_cli, write_scenario
+from conftest import REPO, needs_fashion_mnist, needs_mnist, run_cli, write_scenario
 
 SYNTH = """
 name: det
@@ -96,6 +96,24 @@ def scenario_text(**replace):
      "population.links[0].up_mbps: must be > 0, got -5"),
     (scenario_text(task="task: {dataset: mnist, data_root: /nonexistent/data}"), "task.dataset: dataset 'mnist' not found"),
     (scenario_text(extra="algorithm: {codec: {up: {name: int, bits: 40}}}"), "algorithm.codec.up"),
+    (scenario_text(extra="topology: ring"), "topology ring runs algorithm.name fibfl, got 'fedavg'"),
+    (scenario_text(task="task: {dataset: synthetic, model: firma_mlp}", selection="",
+                   population="population: {clients: 4, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, down_mbps: 1}]}",
+                   extra="algorithm: {name: fibfl}"), "algorithm.name fibfl runs on topology: ring"),
+    (scenario_text(selection="", extra="topology: ring\nalgorithm: {name: fibfl}"),
+     "topology ring needs at least 3 clients"),
+    (scenario_text(task="task: {dataset: synthetic, model: firma_mlp}",
+                   population="population: {clients: 4, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, down_mbps: 1}]}",
+                   extra="topology: ring\nalgorithm: {name: fibfl}"), "selection: a ring has no server to select"),
+    (scenario_text(selection="", population="population: {clients: 4, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, down_mbps: 1}]}",
+                   extra="topology: ring\nalgorithm: {name: fibfl}"), "task.model must be firma_mlp"),
+    (scenario_text(extra="algorithm: {name: fedalign, privacy: {mechanism: laplace, epsilon: 1, clip: 1}}"),
+     "FedAlign has its own"),
+    (scenario_text(extra="algorithm: {name: fedalign, fedalign: {epsilon: 1}}"), "epsilon needs clip"),
+    (scenario_text(selection="", task="task: {dataset: synthetic, model: firma_mlp}",
+                   population="population: {clients: 4, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, down_mbps: 1}], "
+                              "availability: {kind: markov}}",
+                   extra="topology: ring\nalgorithm: {name: fibfl}"), "set algorithm.firma.pass_timeout_s"),
 ])
 def test_malformed_scenarios_give_one_clear_error(tmp_path, text, expected):
     path = write_scenario(tmp_path / "bad.yaml", text)
@@ -128,6 +146,22 @@ def test_every_shipped_scenario_validates():
     for path in shipped:
         res = run_cli("validate", str(path))
         assert res.returncode == 0, f"{path}: {res.stderr}"
+
+
+@needs_fashion_mnist
+@pytest.mark.parametrize("scenario,rounds", [("ring_fibfl.yaml", 2), ("ring_fibfl_edge.yaml", 3), ("fedalign.yaml", 2)])
+def test_shipped_ring_and_fedalign_scenarios_run(tmp_path, scenario, rounds):
+    out = tmp_path / "run"
+    res = run_cli("run", str(REPO / "scenarios" / scenario), "--set", f"rounds={rounds}", "--out", str(out), timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == rounds
+    assert summary["best_accuracy"] > 0.3  # ten classes: well above chance after a round or two
+    if summary["topology"] == "ring":
+        assert summary["payload_bytes_peer"] > 0 and summary["payload_bytes_up"] == 0
+        assert "peer-to-peer" in res.stdout
+    else:
+        assert summary["payload_bytes_peer"] == 0 and summary["payload_bytes_up"] > 0
 
 
 @needs_mnist

@@ -1,0 +1,310 @@
+"""The serverless ring client of the FIRMA family (FibFL, FibFL+, FibFL++; ALGORITHMS.md part 2).
+
+Each client owns its model and its persistent Adam optimizers. A round is: local training
+(two-phase, or full-model during FibFL++'s warm-up), then K gossip passes in which it sends its
+extractor to both ring neighbours and blends in theirs, then it evaluates itself on its own test
+split and begins the next round. Nothing waits on a global barrier: a pass completes when both
+neighbours' messages of that pass are in, which gives exactly the synchronous passes of the
+paper's simulation (each pass reads the previous pass's parameters of self and neighbours).
+
+Warm-up rounds (FibFL++) are a FedAvg of the full model, heads included, run by an elected peer
+(the first client on the ring): everyone sends it their model, it averages weighted by samples
+and sends the result back. The head never leaves a client after warm-up: the gossip payload
+is built from the extractor's keys only."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_codec
+from . import firma
+from .actor import Message, Reaction, Send
+from .client import ClientProfile, TaskSpec, training_seconds
+from .models import load_numpy_state, state_spec, state_to_numpy
+from .strategy import WeightedAverage
+from .training import accuracy_on, train_part
+
+
+@dataclass
+class RingConfig:
+    variant: str  # fibfl | fibfl+ | fibfl++
+    rounds: int
+    order: list[str]  # client names in ring order
+    seed: int
+    epochs_head: int = 1
+    epochs_extractor: int = 20
+    lr: float = 0.01
+    batch_size: int = 64
+    gamma: float = 0.5  # FibFL, FibFL+
+    gamma_start: float = 0.4  # FibFL++
+    gamma_end: float = 0.05
+    tau: float = 0.35
+    codec: Codec = field(default_factory=lambda: make_codec("fp32"))
+    eval_every: int = 1
+    private_prefix: str = "head."
+    pass_timeout_s: float | None = None  # give up waiting for a neighbour (or the warm-up aggregator) after this
+
+    @property
+    def passes(self) -> int:
+        return firma.passes(len(self.order), self.variant)
+
+    @property
+    def warmup(self) -> int:
+        return firma.warmup_rounds(self.rounds, self.variant)
+
+    @property
+    def aggregator(self) -> str:
+        return self.order[0]
+
+    def neighbours(self, name: str) -> tuple[str, str]:
+        p = self.order.index(name)
+        n = len(self.order)
+        return self.order[(p - 1) % n], self.order[(p + 1) % n]
+
+
+class Evaluator:
+    """One evaluation model per host, used only on the runtime's reporter thread."""
+
+    def __init__(self, task: TaskSpec):
+        self.task = task
+        self.model = task.build()
+
+    def __call__(self, state: dict[str, np.ndarray], indices: np.ndarray) -> tuple[float, float]:
+        load_numpy_state(self.model, state)
+        return accuracy_on(self.model, self.task.test, indices)
+
+
+class RingClientActor:
+    def __init__(self, profile: ClientProfile, task: TaskSpec, cfg: RingConfig, evaluator: Evaluator):
+        self.name = profile.name
+        self.profile = profile
+        self.task = task
+        self.cfg = cfg
+        self.evaluate = evaluator
+        # One common initialisation, as in any FL run: averaging independently initialised models
+        # (the warm-up's FedAvg) destroys them, which we saw as a collapse to the majority class.
+        self.model = task.build()
+        self.spec = state_spec(self.model)
+        self.shared_keys = [k for k in self.spec if not k.startswith(cfg.private_prefix)]
+        self.shared_spec = {k: self.spec[k] for k in self.shared_keys}
+        named = dict(self.model.named_parameters())
+        head = [p for k, p in named.items() if k.startswith(cfg.private_prefix)]
+        extractor = [p for k, p in named.items() if not k.startswith(cfg.private_prefix)]
+        self.head_params, self.extractor_params = head, extractor
+        self.opt_head = torch.optim.Adam(head, lr=cfg.lr)
+        self.opt_extractor = torch.optim.Adam(extractor, lr=cfg.lr)
+        self.opt_warmup = torch.optim.Adam(list(self.model.parameters()), lr=cfg.lr)
+        self.left, self.right = cfg.neighbours(self.name)
+        self.lost: set[str] = set()
+        self.round = -1
+        self.pass_index = 0
+        self.round_start = 0.0
+        self.trained_at = 0.0
+        self.accuracy = 0.0  # a_i: train-set accuracy after this round's training
+        self.loss: float | None = None
+        self.last_weights: tuple[float, float] | None = None
+        self.inbox: dict[tuple[int, int], dict[str, tuple[dict, float]]] = defaultdict(dict)
+        self.warm_models: dict[int, dict[str, tuple[dict, float]]] = defaultdict(dict)  # aggregator only
+        self.timeouts = 0  # passes (or warm-ups) that went on without a silent neighbour
+        self.cpu_load = 0.0  # background load of the device, as last delivered
+        self.phase = "idle"  # idle | training | gossip | warmup_wait | finished
+
+    # ---- reactions ---------------------------------------------------------------------------
+    def react(self, msg: Message) -> Reaction:
+        if msg.device:
+            self.cpu_load = float(msg.device.get("cpu_load", 0.0))
+        if msg.kind == "start":
+            return self._begin(0, msg.t)
+        if msg.kind == "gossip":
+            return self._on_gossip(msg)
+        if msg.kind == "warmup_update":
+            return self._on_warmup_update(msg)
+        if msg.kind == "warmup_model":
+            return self._on_warmup_model(msg)
+        if msg.kind == "tick":
+            return self._on_timeout(msg.body.get("tag", ""), msg.t)
+        if msg.kind == "peer_down":
+            self.lost |= set(msg.body.get("actors", [])) - {self.name}
+            if self.phase == "warmup_wait" and self.name == self.cfg.aggregator:
+                return self._maybe_average(self.round, msg.t)
+            return self._advance(msg.t)
+        return Reaction()
+
+    def _begin(self, index: int, t: float) -> Reaction:
+        self.round, self.pass_index, self.round_start = index, 0, t
+        if index >= self.cfg.rounds:
+            self.phase = "finished"
+            return Reaction(reports=[{"type": "ring_finished", "client": self.name, "t": t}])
+        self.phase = "training"
+        warm = index < self.cfg.warmup
+        epochs = max(self.cfg.epochs_head, self.cfg.epochs_extractor) if warm else self.cfg.epochs_head + self.cfg.epochs_extractor
+        duration = training_seconds(self.profile.ms_per_sample, int(self.profile.indices.size), epochs, self.cpu_load)
+        rng = np.random.default_rng([self.cfg.seed, index, self.profile.index])
+        data, idx, bs = self.task.train, self.profile.indices, self.cfg.batch_size
+
+        def work():
+            if warm:
+                loss = train_part(self.model, list(self.model.parameters()), self.opt_warmup, data, idx, epochs, bs, rng)
+            else:
+                train_part(self.model, self.head_params, self.opt_head, data, idx, self.cfg.epochs_head, bs, rng)
+                loss = train_part(self.model, self.extractor_params, self.opt_extractor, data, idx,
+                                  self.cfg.epochs_extractor, bs, rng)
+            accuracy, _ = accuracy_on(self.model, data, idx)
+
+            def trained() -> Reaction:
+                self.loss, self.accuracy = loss, accuracy
+                self.trained_at = t + duration
+                return self._after_warmup_training(t + duration) if warm else self._send_pass(1, t + duration)
+
+            return trained
+
+        return Reaction(work_s=duration, work=work)
+
+    # ---- gossip ------------------------------------------------------------------------------
+    def _send_pass(self, k: int, t: float) -> Reaction:
+        self.phase, self.pass_index = "gossip", k
+        state = state_to_numpy(self.model)
+        shared = {key: state[key] for key in self.shared_keys}
+        rng = np.random.default_rng([self.cfg.seed, self.round, self.profile.index, k])
+        encoded = encode_state(shared, self.cfg.codec, rng)
+        targets = [n for n in dict.fromkeys([self.left, self.right]) if n not in self.lost]
+        sends = [Send(targets, "gossip", self.round, {"pass": k, "acc": self.accuracy}, encoded.frames,
+                      encoded.payload_bytes, encoded.fp32_bytes)] if targets else []
+        reaction = self._advance(t)
+        reaction.sends[:0] = sends
+        if self.cfg.pass_timeout_s is not None and self.pass_index == k and self.phase == "gossip":
+            reaction.timers.append((t + self.cfg.pass_timeout_s, f"pass:{self.round}:{k}"))
+        return reaction
+
+    def _on_timeout(self, tag: str, t: float) -> Reaction:
+        """A neighbour (or the aggregator) stayed silent too long: go on with what has arrived."""
+        kind, _, rest = tag.partition(":")
+        if kind == "pass" and self.phase == "gossip" and rest == f"{self.round}:{self.pass_index}":
+            self.timeouts += 1
+            return self._advance(t, force=True)
+        if kind == "warmup" and self.phase == "warmup_wait" and rest == str(self.round):
+            self.timeouts += 1
+            if self.name == self.cfg.aggregator:
+                return self._maybe_average(self.round, t, force=True)
+            return self._finish(t, None)  # no average came back: keep the own model
+        return Reaction()
+
+    def _on_gossip(self, msg: Message) -> Reaction:
+        try:
+            state, _ = decode_state(msg.frames, self.shared_spec)
+        except CodecError as exc:
+            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": f"gossip from {msg.src}: {exc}"}])
+        self.inbox[(msg.round, int(msg.body["pass"]))][msg.src] = (state, float(msg.body["acc"]))
+        return self._advance(msg.t)
+
+    def _advance(self, t: float, force: bool = False) -> Reaction:
+        """Complete the current pass if both neighbours' messages (or news of their loss) are in, or,
+        forced by the pass timeout, with whatever has arrived."""
+        if self.phase != "gossip":
+            return Reaction()
+        key = (self.round, self.pass_index)
+        got = self.inbox[key]
+        if not force and any(n not in got and n not in self.lost for n in (self.left, self.right)):
+            return Reaction()
+        del self.inbox[key]
+        for stale in [k for k in self.inbox if k < key]:  # messages that came after their pass timed out
+            del self.inbox[stale]
+        left, right = got.get(self.left), got.get(self.right)
+        weights = firma.neighbour_weights(left[1] if left else None, right[1] if right else None,
+                                          gated=self.cfg.variant != "fibfl", tau=self.cfg.tau)
+        gamma_r = firma.retention(self.round, self.cfg.rounds, self.cfg.variant, self.cfg.gamma,
+                                  self.cfg.gamma_start, self.cfg.gamma_end)
+        gamma_in = firma.per_pass_retention(gamma_r, self.cfg.passes)
+        state = state_to_numpy(self.model)
+        own = {k: state[k] for k in self.shared_keys}
+        state.update(firma.blend(own, left[0] if left else None, right[0] if right else None, weights, gamma_in))
+        load_numpy_state(self.model, state)
+        self.last_weights = weights
+        if self.pass_index < self.cfg.passes:
+            return self._send_pass(self.pass_index + 1, t)
+        return self._finish(t, gamma_r)
+
+    # ---- FibFL++ warm-up: FedAvg through the elected peer -------------------------------------
+    def _after_warmup_training(self, t: float) -> Reaction:
+        self.phase = "warmup_wait"
+        state = state_to_numpy(self.model)
+        samples = float(self.profile.indices.size)
+        timers = [(t + self.cfg.pass_timeout_s, f"warmup:{self.round}")] if self.cfg.pass_timeout_s is not None else []
+        if self.name == self.cfg.aggregator:
+            self.warm_models[self.round][self.name] = (state, samples)
+            reaction = self._maybe_average(self.round, t)
+            if self.phase == "warmup_wait":
+                reaction.timers += timers
+            return reaction
+        rng = np.random.default_rng([self.cfg.seed, self.round, self.profile.index, 0])
+        encoded = encode_state(state, self.cfg.codec, rng)
+        return Reaction(sends=[Send(self.cfg.aggregator, "warmup_update", self.round, {"samples": samples},
+                                    encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], timers=timers)
+
+    def _on_warmup_update(self, msg: Message) -> Reaction:
+        if msg.round < self.round or (msg.round == self.round and self.phase != "warmup_wait" and self.phase != "training"):
+            return Reaction()  # came after the aggregator gave up waiting for it
+        try:
+            state, _ = decode_state(msg.frames, self.spec)
+        except CodecError as exc:
+            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": f"warm-up update from {msg.src}: {exc}"}])
+        self.warm_models[msg.round][msg.src] = (state, float(msg.body["samples"]))
+        return self._maybe_average(msg.round, msg.t)
+
+    def _maybe_average(self, index: int, t: float, force: bool = False) -> Reaction:
+        got = self.warm_models.get(index, {})
+        alive = [n for n in self.cfg.order if n not in self.lost and (not force or n in got)]
+        if self.phase != "warmup_wait" or index != self.round or any(n not in got for n in alive):
+            return Reaction()
+        average = WeightedAverage()
+        for name in alive:
+            average.add(*got[name])
+        del self.warm_models[index]
+        state = average.result(got[self.name][0])
+        load_numpy_state(self.model, state)
+        others = [n for n in self.cfg.order if n != self.name and n not in self.lost]
+        rng = np.random.default_rng([self.cfg.seed, index, self.profile.index, 1])
+        encoded = encode_state(state, self.cfg.codec, rng)
+        reaction = self._finish(t, None)
+        if others:
+            reaction.sends.insert(0, Send(others, "warmup_model", index, {}, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes))
+        return reaction
+
+    def _on_warmup_model(self, msg: Message) -> Reaction:
+        if self.phase != "warmup_wait" or msg.round != self.round:
+            return Reaction()
+        try:
+            state, _ = decode_state(msg.frames, self.spec)
+        except CodecError as exc:
+            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": f"warm-up model: {exc}"}])
+        load_numpy_state(self.model, state)
+        return self._finish(msg.t, None)
+
+    # ---- round end ---------------------------------------------------------------------------
+    def _finish(self, t: float, gamma_r: float | None) -> Reaction:
+        index = self.round
+        base: dict[str, Any] = {
+            "type": "ring_round", "client": self.name, "round": index, "t_start": self.round_start, "t_end": t,
+            "compute_end": self.trained_at, "samples": int(self.profile.indices.size), "loss": self.loss,
+            "train_accuracy": self.accuracy, "gamma": gamma_r, "warmup": index < self.cfg.warmup,
+            "weight_left": self.last_weights[0] if self.last_weights and gamma_r is not None else None,
+            "timeouts": self.timeouts,
+        }
+        due = self.cfg.eval_every > 0 and (index % self.cfg.eval_every == 0 or index + 1 == self.cfg.rounds)
+        report: Any = base
+        if due and self.profile.test_indices is not None:
+            snapshot = state_to_numpy(self.model)
+            test = self.profile.test_indices
+
+            def evaluated() -> dict[str, Any]:
+                acc, loss = self.evaluate(snapshot, test)
+                return {**base, "accuracy": acc, "test_loss": loss}
+
+            report = evaluated
+        reaction = self._begin(index + 1, t)
+        reaction.reports.insert(0, report)
+        return reaction
