@@ -19,14 +19,20 @@ class CompareError(ValueError):
     """A run directory cannot be compared; the message names it and what is missing."""
 
 
-def mode_of(scenario: dict) -> str:
-    """The run's label: its codecs or bit schedule, prefixed by the algorithm when it is not FedAvg."""
+def algorithm_of(scenario: dict) -> str:
     alg = scenario.get("algorithm", {})
     name = alg.get("name", "fedavg")
-    algorithm = (alg.get("firma", {}).get("variant", "fibfl++") if name == "fibfl" else
-                 "fedprox" if name == "fedavg" and alg.get("prox_mu") else name)
-    codecs = _codec_mode(alg)
-    if algorithm == "fedavg":
+    if name == "fibfl":
+        return alg.get("firma", {}).get("variant", "fibfl++")
+    return "fedprox" if name == "fedavg" and alg.get("prox_mu") else name
+
+
+def mode_of(scenario: dict, with_algorithm: bool = False) -> str:
+    """The run's label: its codecs or bit schedule, prefixed by the algorithm when it is not
+    plain FedAvg or when runs of several algorithms are compared."""
+    algorithm = algorithm_of(scenario)
+    codecs = _codec_mode(scenario.get("algorithm", {}))
+    if algorithm == "fedavg" and not with_algorithm:
         return codecs
     return algorithm if codecs == "fp32" else f"{algorithm} {codecs}"
 
@@ -68,7 +74,10 @@ def time_to(rounds: list[dict], target: float | None) -> float | None:
 def compare(run_dirs: list[Path], target: float | None = None) -> list[dict[str, Any]]:
     runs = [load_run(Path(d)) for d in run_dirs]
     payload = {id(r): sum(r["summary"].get(f"payload_bytes_{d}", 0) for d in ("up", "down", "peer")) for r in runs}
-    baseline = next((r for r in runs if mode_of(r["scenario"]) == "fp32"), None)
+    mixed = len({algorithm_of(r["scenario"]) for r in runs}) > 1
+    # Saving against an fp32 run only among runs of one algorithm; across algorithms, each run's
+    # saving is against fp32 of its own tensors.
+    baseline = None if mixed else next((r for r in runs if mode_of(r["scenario"]) == "fp32"), None)
     rows = []
     for r in runs:
         s = r["summary"]
@@ -78,7 +87,7 @@ def compare(run_dirs: list[Path], target: float | None = None) -> list[dict[str,
         else:
             saving = s.get("saving_vs_fp32")  # against fp32 of the same tensors
         rows.append({
-            "run": r["dir"].name, "mode": mode_of(r["scenario"]), "rounds": s.get("rounds_completed"),
+            "run": r["dir"].name, "mode": mode_of(r["scenario"], with_algorithm=mixed), "rounds": s.get("rounds_completed"),
             "best_accuracy": s.get("best_accuracy"), "final_accuracy": s.get("final_accuracy"),
             "payload_gib": payload[id(r)] / GIB, "saving_vs_fp32": saving,
             "emulated_time_s": s.get("emulated_time_s"), "time_to_target_s": time_to(r["rounds"], goal),

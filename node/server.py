@@ -151,10 +151,7 @@ class ServerActor:
         try:
             state, basis = decode_state(msg.frames, self.spec)
         except CodecError as exc:
-            rnd.rejected += 1
-            rnd.failed.append(msg.src)
-            rnd.clients[msg.src] = {**record, "outcome": "rejected"}
-            print(f"[server] rejected update from {msg.src}: {exc}", file=sys.stderr)
+            self._reject(rnd, msg.src, "update", str(exc), record)
         else:
             if basis == "delta":
                 state = {k: self.global_state[k] + state[k] for k in state}
@@ -174,21 +171,31 @@ class ServerActor:
         rnd.stats_waiting.discard(msg.src)
         try:
             stats, _ = decode_state(msg.frames)
-            if set(stats) != set(fedalign.MOMENTS):
-                raise CodecError(f"moments must be {fedalign.MOMENTS}, got {sorted(stats)}")
+            if set(stats) != set(fedalign.MOMENTS) or len({v.shape for v in stats.values()}) != 1:
+                raise CodecError(f"statistics must be {fedalign.MOMENTS} of one shape, got "
+                                 f"{ {k: v.shape for k, v in stats.items()} }")
         except CodecError as exc:
-            print(f"[server] rejected statistics from {msg.src}: {exc}", file=sys.stderr)
+            self._reject(rnd, msg.src, "statistics", str(exc), {})
         else:
             rnd.stats[msg.src] = (stats, float(msg.body.get("samples", 1)))
-        return self._maybe_send_moments(rnd)
+        reaction = self._maybe_send_moments(rnd)
+        return self._close(msg.t) if not rnd.waiting else reaction
+
+    def _reject(self, rnd: RoundState, client: str, what: str, error: str, record: dict) -> None:
+        rnd.rejected += 1
+        rnd.waiting.discard(client)
+        rnd.failed.append(client)
+        rnd.clients[client] = {**record, "outcome": "rejected"}
+        print(f"[server] rejected {what} from {client}: {error}", file=sys.stderr)
 
     def _maybe_send_moments(self, rnd: RoundState) -> Reaction:
         if rnd.stats_waiting or not rnd.stats:
             return Reaction()
-        shapes = {m[k].shape for m, _ in rnd.stats.values() for k in fedalign.MOMENTS}
-        if len(shapes) != 1:
-            print(f"[server] statistics of round {rnd.index} disagree in shape {sorted(shapes)}; round skipped", file=sys.stderr)
-            return Reaction()
+        shapes = {name: m["mean"].shape for name, (m, _) in rnd.stats.items()}
+        common = max(sorted(set(shapes.values())), key=list(shapes.values()).count)
+        for name in sorted(n for n, shape in shapes.items() if shape != common):  # cannot be averaged with the rest
+            del rnd.stats[name]
+            self._reject(rnd, name, "statistics", f"shape {shapes[name]}, the others {common}", {})
         target = fedalign.aggregate_moments(list(rnd.stats.values()))
         encoded = encode_state(target, self.stats_codec, np.random.default_rng([self.cfg.seed, rnd.index, 0xA1]))
         to = sorted(rnd.stats)

@@ -82,3 +82,18 @@ def test_update_is_clipped_and_noised(tmp_path):
     assert all(float(c["update_norm"]) > 0 for c in clients)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["best_accuracy"] is not None
+
+
+def test_damaged_statistics_are_rejected_and_the_round_goes_on_without_that_client(tmp_path):
+    text = SCENARIO.replace("GRANULARITY", "channel").replace("clients_per_round: 3", "clients_per_round: 4") + \
+        "faults: [{kind: truncate, actor: c0001, at_s: 0}]\n"
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", text)), "--out", str(out), timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rejected statistics from c0001" in res.stderr and "Traceback" not in res.stderr
+    rows = read_csv(out / "rounds.csv")
+    assert [(int(r["completed"]), int(r["rejected"])) for r in rows] == [(3, 1), (3, 1)]  # no deadline needed
+    transfers = read_csv(out / "transfers.csv")
+    assert not [t for t in transfers if t["dst"] == "c0001" and t["kind"] == "moments"]
+    clients = read_csv(out / "clients.csv")
+    assert {c["outcome"] for c in clients if c["client"] == "c0001"} == {"rejected"}

@@ -129,6 +129,17 @@ def test_warmup_fedavg_through_the_elected_peer_matches_link_arithmetic(ring_run
     assert float(rows[0]["t_end"]) == pytest.approx(max(float(t["t_end"]) for t in downs), rel=1e-12)
 
 
+def test_same_seed_same_ring_run(ring_run, tmp_path):
+    out = tmp_path / "again"
+    text = RING.format(rounds=3, variant="fibfl++")
+    res = run_cli("run", str(write_scenario(tmp_path / "ring.yaml", text)), "--out", str(out), timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert read_csv(out / "transfers.csv") == read_csv(ring_run / "transfers.csv")
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
+    assert strip(read_csv(out / "rounds.csv")) == strip(read_csv(ring_run / "rounds.csv"))  # accuracies included
+    assert read_csv(out / "clients.csv") == read_csv(ring_run / "clients.csv")
+
+
 # ---- the ring client's reactions, in-process ---------------------------------------------------------
 def _actor(variant: str, name: str = "c1", order=("c0", "c1", "c2", "c3")):
     train, test = synthetic(80, 20, (1, 28, 28), 10, seed=0)
