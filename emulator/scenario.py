@@ -26,7 +26,9 @@ class DeviceMix(Strict):
     name: str = "device"
     share: float = Field(1.0, ge=0, le=1)
     source: Optional[str] = Field(None, description="where the numbers come from (documentation only)")
-    ms_per_sample: float = Field(gt=0, description="modelled training time per sample per epoch")
+    ms_per_sample: Optional[float] = Field(None, gt=0, description="modelled training time per sample per epoch, whatever the model")
+    gflops: Optional[float] = Field(
+        None, gt=0, description="sustained GFLOP/s: training time per sample is the model's training FLOPs over this")
     train_w: float = Field(0.0, ge=0, description="power drawn while training")
     j_per_mb_up: float = Field(0.0, ge=0, description="radio energy per MB sent")
     j_per_mb_down: float = Field(0.0, ge=0, description="radio energy per MB received")
@@ -38,6 +40,12 @@ class DeviceMix(Strict):
     charging_share: float = Field(0.0, ge=0, le=1, description="fraction of these devices plugged in for the run")
     load_mean: float = Field(0.0, ge=0, lt=1, description="mean background CPU load (Beta-distributed per period)")
     load_period_s: float = Field(60.0, gt=0, description="how long one background-load level lasts")
+
+    @model_validator(mode="after")
+    def _one_speed(self):
+        if (self.ms_per_sample is None) == (self.gflops is None):
+            raise ValueError("give exactly one of ms_per_sample and gflops")
+        return self
 
     @field_validator("battery_start")
     @classmethod
@@ -474,6 +482,9 @@ def load_profiles(path: Path) -> dict:
     return read_mapping(path, f"profiles: {path}", "must map 'devices' and 'links' to profiles")
 
 
+SPEED_KEYS = {"ms_per_sample", "gflops"}
+
+
 def _resolve_profiles(raw: dict, scenario_path: Path) -> None:
     """Replace `{profile: NAME, ...}` entries of population.devices/links by the library's fields,
     with the entry's own keys taking precedence."""
@@ -494,7 +505,10 @@ def _resolve_profiles(raw: dict, scenario_path: Path) -> None:
         if name not in known:
             raise ScenarioError(f"population.{section}[{i}].profile: unknown profile {name!r} in {lib_path} "
                                 f"(known: {', '.join(sorted(known))})")
-        merged = {"name": name, **known[name], **{k: v for k, v in entry.items() if k != "profile"}}
+        library = dict(known[name])
+        if SPEED_KEYS & set(entry):  # the entry's own speed replaces the profile's, whichever way it is given
+            library = {k: v for k, v in library.items() if k not in SPEED_KEYS}
+        merged = {"name": name, **library, **{k: v for k, v in entry.items() if k != "profile"}}
         population[section][i] = merged
 
 

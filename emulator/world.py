@@ -11,7 +11,7 @@ from node import data as datasets
 from node import firma
 from node.client import ClientConfig, ClientProfile, Privacy, TaskSpec
 from node.fedalign import FedAlignConfig
-from node.models import PRIVATE_PREFIX
+from node.models import PRIVATE_PREFIX, training_flops
 from node.ring import RingConfig
 from node.privacy import noise_factor
 from node.schedule import BitSchedule
@@ -109,11 +109,12 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     capacity = _trace_records(sc.population.capacity_trace, "population.capacity_trace")
     behaviour = _trace_records(sc.population.availability.trace, "population.availability.trace") \
         if sc.population.availability.kind == "trace" else None
+    ms_of = device_ms_per_sample(sc, task)
     clients = []
     for i in range(n):
         dev = sc.population.devices[devices[i]]
         lk = sc.population.links[links[i]]
-        ms, up, down = dev.ms_per_sample, lk.up_mbps * 1e6, lk.down_mbps * 1e6
+        ms, up, down = ms_of[devices[i]], lk.up_mbps * 1e6, lk.down_mbps * 1e6
         if capacity is not None:  # FedScale capacity: client i takes record i mod len, ids in sorted order
             where = f"population.capacity_trace[{capacity[i % len(capacity)][0]}]"
             try:
@@ -170,6 +171,21 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
         faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
     )
+
+
+def device_ms_per_sample(sc: Scenario, task: TaskSpec) -> list[float]:
+    """Each device mix entry's training time per sample: as given, or the model's training FLOPs
+    over the device's sustained GFLOP/s, so one device profile serves every model."""
+    flops = None
+    out = []
+    for dev in sc.population.devices:
+        if dev.ms_per_sample is not None:
+            out.append(dev.ms_per_sample)
+            continue
+        if flops is None:
+            flops = training_flops(task.build(), task.train.input_shape)
+        out.append(flops / (dev.gflops * 1e9) * 1000.0)
+    return out
 
 
 def _partition(sc: Scenario, labels: np.ndarray, rng: np.random.Generator, key: str, test: bool = False) -> list[np.ndarray]:

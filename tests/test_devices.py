@@ -119,3 +119,27 @@ def test_selection_policies():
     assert len(select_clients("random", pool, 3, rng)) == 3
     with pytest.raises(ValueError, match="selection policy"):
         select_clients("magic", pool, 3, rng)
+
+
+def test_device_speed_in_gflops_scales_with_the_model(tmp_path):
+    from conftest import write_scenario
+    from emulator.scenario import load_scenario
+    from emulator.world import build_world, device_ms_per_sample
+    from node.models import build_model, training_flops
+
+    # the MNIST CNN by hand: 6 x (28*28*32*25 + 14*14*64*32*25 + 3136*512 + 512*10) multiply-accumulates
+    assert training_flops(build_model("mnist_cnn", (1, 28, 28), 10), (1, 28, 28)) == 6 * 12_273_152
+    assert training_flops(build_model("firma_mlp", (1, 28, 28), 10), (1, 28, 28)) == 6 * (784 * 256 + 256 * 256 + 256 * 128 + 128 * 10)
+    text = """
+rounds: 1
+task: {dataset: synthetic, model: MODEL}
+population:
+  clients: 2
+  devices: [{profile: phone_high, share: 0.5}, {profile: rpi4, share: 0.5, ms_per_sample: 5}]
+  links: [{up_mbps: 1, down_mbps: 1}]
+"""
+    for model, flops in (("mnist_cnn", 6 * 12_273_152), ("mlp", 6 * (784 * 64 + 64 * 10))):
+        sc, _ = load_scenario(write_scenario(tmp_path / f"{model}.yaml", text.replace("MODEL", model)))
+        world = build_world(sc)
+        # phone_high: 35 GFLOP/s from the profile; the rpi4 entry's own ms_per_sample replaces its gflops
+        assert device_ms_per_sample(sc, world.task) == pytest.approx([flops / 35e9 * 1000, 5.0])

@@ -97,6 +97,9 @@ def scenario_text(**replace):
     (scenario_text(task="task: {dataset: mnist, data_root: /nonexistent/data}"), "task.dataset: dataset 'mnist' not found"),
     (scenario_text(extra="algorithm: {codec: {up: {name: int, bits: 40}}}"), "algorithm.codec.up"),
     (scenario_text(extra="topology: ring"), "topology ring runs algorithm.name fibfl, got 'fedavg'"),
+    (scenario_text(population="population: {clients: 2, devices: [{ms_per_sample: 1, gflops: 10}], "
+                              "links: [{up_mbps: 1, down_mbps: 1}]}"),
+     "population.devices[0]: give exactly one of ms_per_sample and gflops"),
     (scenario_text(task="task: {dataset: synthetic, model: firma_mlp}", selection="",
                    population="population: {clients: 4, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, down_mbps: 1}]}",
                    extra="algorithm: {name: fibfl}"), "algorithm.name fibfl runs on topology: ring"),
