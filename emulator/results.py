@@ -19,7 +19,7 @@ TRANSFER_FIELDS = ["id", "round", "kind", "src", "dst", "payload_bytes", "fp32_b
 ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "wall_s", "selected", "completed", "failed", "rejected",
                 "payload_bytes_down", "payload_bytes_up", "payload_bytes_peer", "wire_bytes_down", "wire_bytes_up",
                 "wire_bytes_peer", "fp32_bytes_down", "fp32_bytes_up", "fp32_bytes_peer", "wasted_bytes", "bits_down",
-                "bits_up_mean", "noise_scale_mean", "train_loss", "train_accuracy", "gamma", "accuracy", "test_loss"]
+                "bits_up_mean", "noise_scale_mean", "train_loss", "train_accuracy", "gamma", "timeouts", "accuracy", "test_loss"]
 CLIENT_FIELDS = ["round", "client", "outcome", "samples", "checkin_t", "battery", "charging", "cpu_load", "link", "selected_t",
                  "download_start", "download_end", "compute_start", "compute_end", "upload_start", "upload_end",
                  "gossip_start", "gossip_end",
@@ -132,7 +132,7 @@ class RunWriter:
             "round": rep["round"], "t_start": rep["t_start"], "t_end": rep["t_end"],
             "duration_s": rep["t_end"] - rep["t_start"], "wall_s": wall_s,
             **{k: rep.get(k) for k in ("selected", "completed", "failed", "rejected", "train_loss", "accuracy", "test_loss",
-                                       "bits_down", "train_accuracy", "gamma")},
+                                       "bits_down", "train_accuracy", "gamma", "timeouts")},
             "bits_up_mean": mean("bits_up"), "noise_scale_mean": mean("noise_scale"),
             **{f: sums.get(f, 0) for f in ROUND_FIELDS if "bytes" in f},
         }
@@ -256,6 +256,7 @@ class RingRounds:
             "t_start": min(r["t_start"] for r in reps), "t_end": max(r["t_end"] for r in reps),
             "selected": len(reps), "completed": len(reps), "failed": 0, "rejected": 0,
             "train_loss": mean("loss"), "train_accuracy": mean("train_accuracy"), "gamma": mean("gamma"),
+            "timeouts": sum(r.get("timeouts", 0) for r in reps),
             "accuracy": _mean(accuracies) if all(a is not None for a in accuracies) else None,
             "test_loss": mean("test_loss"), "lag": max(reps, key=lambda r: r["t_end"]).get("lag"),
             "clients": [{"client": r["client"], "outcome": "ok", "samples": r.get("samples"), "loss": r.get("loss"),

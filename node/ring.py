@@ -109,7 +109,7 @@ class RingClientActor:
         self.last_weights: tuple[float, float] | None = None
         self.inbox: dict[tuple[int, int], dict[str, tuple[dict, float]]] = defaultdict(dict)
         self.warm_models: dict[int, dict[str, tuple[dict, float]]] = defaultdict(dict)  # aggregator only
-        self.timeouts = 0  # passes (or warm-ups) that went on without a silent neighbour
+        self.timeouts = 0  # passes (or warm-ups) of this round that went on without a silent neighbour
         self.cpu_load = 0.0  # background load of the device, as last delivered
         self.phase = "idle"  # idle | training | gossip | warmup_wait | finished
 
@@ -135,7 +135,7 @@ class RingClientActor:
         return Reaction()
 
     def _begin(self, index: int, t: float) -> Reaction:
-        self.round, self.pass_index, self.round_start = index, 0, t
+        self.round, self.pass_index, self.round_start, self.timeouts = index, 0, t, 0
         if index >= self.cfg.rounds:
             self.phase = "finished"
             return Reaction(reports=[{"type": "ring_finished", "client": self.name, "t": t}])
