@@ -2,7 +2,6 @@
 mode, takes about emulated time / speedup of wall time, and reports its lag."""
 import json
 
-
 from conftest import read_csv, run_cli, write_scenario
 
 SCENARIO = """
@@ -16,7 +15,7 @@ task:
 population:
   clients: 2
   hosts: 1
-  devices: [{ms_per_sample: 60}]
+  devices: [{ms_per_sample: 300}]
   links:
     - {name: slow, share: 0.5, up_mbps: 1, down_mbps: 2, latency_ms: 50}
     - {name: fast, share: 0.5, up_mbps: 4, down_mbps: 8, latency_ms: 20}
@@ -46,10 +45,11 @@ def test_realtime_matches_virtual_and_runs_at_the_speedup(tmp_path):
         assert (a["t_end"], a["payload_bytes_up"], a["wire_bytes_down"]) == (b["t_end"], b["payload_bytes_up"], b["wire_bytes_down"])
 
     emulated = real["emulated_time_s"]
-    assert emulated > 15  # 2 rounds of 100 samples x 60 ms plus the transfers
+    assert emulated > 60  # 2 rounds of 100 samples x 300 ms plus the transfers
     clocked = real["wall_time_s"] - real["startup_s"]
     assert emulated / SPEEDUP <= clocked <= emulated / SPEEDUP * 1.5 + 1.0
-    assert virtual["wall_time_s"] - virtual["startup_s"] < emulated / SPEEDUP  # virtual does not wait
+    # virtual does not wait (6 s of pacing leave room for a loaded machine's slower real work)
+    assert virtual["wall_time_s"] - virtual["startup_s"] < emulated / SPEEDUP
 
     clock = real["clock"]
     assert clock["mode"] == "realtime" and clock["speedup"] == SPEEDUP
