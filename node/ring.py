@@ -233,13 +233,15 @@ class RingClientActor:
         self.phase = "warmup_wait"
         state = state_to_numpy(self.model)
         samples = float(self.profile.indices.size)
-        timers = [(t + self.cfg.pass_timeout_s, f"warmup:{self.round}")] if self.cfg.pass_timeout_s is not None else []
+        timeout = self.cfg.pass_timeout_s
         if self.name == self.cfg.aggregator:
             self.warm_models[self.round][self.name] = (state, samples)
             reaction = self._maybe_average(self.round, t)
-            if self.phase == "warmup_wait":
-                reaction.timers += timers
+            if self.phase == "warmup_wait" and timeout is not None:
+                reaction.timers.append((t + timeout, f"warmup:{self.round}"))
             return reaction
+        # The others give the average twice as long: the aggregator itself may wait out a silent peer.
+        timers = [(t + 2 * timeout, f"warmup:{self.round}")] if timeout is not None else []
         rng = np.random.default_rng([self.cfg.seed, self.round, self.profile.index, 0])
         encoded = encode_state(state, self.cfg.codec, rng)
         return Reaction(sends=[Send(self.cfg.aggregator, "warmup_update", self.round, {"samples": samples},
