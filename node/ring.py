@@ -240,8 +240,10 @@ class RingClientActor:
             if self.phase == "warmup_wait" and timeout is not None:
                 reaction.timers.append((t + timeout, f"warmup:{self.round}"))
             return reaction
-        # The others give the average twice as long: the aggregator itself may wait out a silent peer.
-        timers = [(t + 2 * timeout, f"warmup:{self.round}")] if timeout is not None else []
+        # The others wait longer for the average: the aggregator may itself wait out a silent peer
+        # (one timeout), then sends to N - 1 peers through its uplink, where a pass sends to two.
+        wait = None if timeout is None else timeout * (1 + (len(self.cfg.order) - 1) / 2)
+        timers = [(t + wait, f"warmup:{self.round}")] if wait is not None else []
         rng = np.random.default_rng([self.cfg.seed, self.round, self.profile.index, 0])
         encoded = encode_state(state, self.cfg.codec, rng)
         return Reaction(sends=[Send(self.cfg.aggregator, "warmup_update", self.round, {"samples": samples},

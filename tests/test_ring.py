@@ -248,3 +248,22 @@ def test_a_silent_neighbour_is_waited_for_only_pass_timeout_s(tmp_path):
     train_s = 2 * MS_PER_SAMPLE * SAMPLES / 1000
     assert len(starts) == 3 and starts[0] == pytest.approx(train_s)
     assert starts[1] - starts[0] == pytest.approx(5.0 + train_s, rel=1e-9)  # the timeout, then the next round's training
+
+
+def test_warmup_aggregator_averages_without_a_silent_peer_and_the_others_take_it(tmp_path):
+    text = RING.format(rounds=3, variant="fibfl++").replace(
+        "epochs_extractor: 1}", "epochs_extractor: 1, pass_timeout_s: 5.0}") + \
+        "faults: [{kind: link_down, actor: c0005, at_s: 0.1}]\n"
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "ring.yaml", text)), "--out", str(out), timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["ring"]["warmup_aggregator"] == "c0000"  # 2-opt keeps position 0
+    warm = [t for t in read_csv(out / "transfers.csv") if int(t["round"]) == 0]
+    models = [t for t in warm if t["kind"] == "warmup_model"]
+    # c0000 trained for 0.2 s, waited 5 s for c0005, then sent the average of the other five to everyone
+    assert {t["dst"]: t["outcome"] for t in models} == {**{f"c000{i}": "ok" for i in range(1, 5)}, "c0005": "link_down"}
+    assert all(float(t["t_start"]) == pytest.approx(0.2 + 5.0) for t in models)
+    # Only the aggregator and the cut-off client gave up waiting. The other four took the average,
+    # although it arrived 6.4 s after it left (five flows share c0000's uplink), after 11.6 s in all.
+    assert int(read_csv(out / "rounds.csv")[0]["timeouts"]) == 2
+    assert all(float(t["t_end"]) > 0.2 + 2 * 5.0 for t in models if t["outcome"] == "ok")
