@@ -129,6 +129,8 @@ class Task(Strict):
     dataset: Literal["mnist", "fashion_mnist", "synthetic"]
     model: Literal["mnist_cnn", "mlp", "vgg7", "firma_mlp"] = "mnist_cnn"
     partition: Partition = Field(default_factory=Partition)
+    feature_noise: float = Field(
+        0.0, ge=0, description="feature skew: client i of N trains on inputs with fixed noise N(0, (this x (i+1)/N)^2)")
     data_root: Optional[str] = None
     download: bool = False
     synthetic: Synthetic = Field(default_factory=Synthetic)

@@ -122,7 +122,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
             except ValueError as exc:
                 raise ScenarioError(str(exc)) from None
             up = down = kbps * 1e3
-        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms, test_shards[i])
+        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms, test_shards[i], sc.task.feature_noise * (i + 1) / n)
         link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss)
         spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))

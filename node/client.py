@@ -14,7 +14,7 @@ import torch
 from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_codec
 from . import fedalign
 from .actor import Message, Reaction, Send
-from .data import Dataset
+from .data import Dataset, with_input_noise
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
 from .privacy import add_noise, noise_scale, sensitivity
 from .schedule import BitSchedule, importance
@@ -31,6 +31,7 @@ class ClientProfile:
     indices: np.ndarray  # the client's training samples
     ms_per_sample: float  # modelled compute speed of its device
     test_indices: np.ndarray | None = None  # its own test split, where the algorithm evaluates per client
+    input_noise: float = 0.0  # std of the fixed Gaussian noise on its training inputs (feature skew)
 
 
 @dataclass
@@ -99,8 +100,10 @@ class ClientActor:
         self.cfg = cfg
         self.rejected = 0
         self.generation = 0  # bumped when the device comes back online: work begun before is lost
-        self.labels = trainer.task.train.y.numpy()[profile.indices]
-        self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(profile.indices)
+        self.data, self.indices = with_input_noise(trainer.task.train, profile.indices, profile.input_noise,
+                                                   [cfg.seed, profile.index, 0xF5])
+        self.labels = self.data.y.numpy()[self.indices]
+        self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(self.indices)
         self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
 
     def _reject(self, msg: Message, error: str) -> Reaction:
@@ -138,7 +141,7 @@ class ClientActor:
         rng = np.random.default_rng([self.cfg.seed, task.round, self.profile.index])
         nu = 1.0
         if self.cfg.schedule.kind == "dynamic":
-            nu = importance(self.labels, self.trainer.task.train.classes, samples, int(body.get("n_max", samples)),
+            nu = importance(self.labels, self.data.classes, samples, int(body.get("n_max", samples)),
                             self.cfg.lambda_h)
         codec = self.cfg.up_codec
         bits = getattr(codec, "bits", None)
@@ -160,7 +163,7 @@ class ClientActor:
             info = {"samples": samples, "bits": bits, "nu": nu}
             if self.cfg.checkin:
                 info["status"] = status
-            data, indices, order = None, self.profile.indices, self.fixed_order
+            data, indices, order = self.data, self.indices, self.fixed_order
             if sampled is not None:
                 data = self._aligned(sampled, target)
                 indices, order = np.arange(sampled.size), None
@@ -201,8 +204,8 @@ class ClientActor:
         pass over a few thousand inputs, against epochs of training)."""
         fa = self.cfg.fedalign
         rng = np.random.default_rng([self.cfg.seed, task.round, self.profile.index, 0xA1])
-        sampled, unsampled = fedalign.split_round(self.profile.indices, fa, rng)
-        x, _ = self.trainer.task.train.batch(torch.from_numpy(unsampled))
+        sampled, unsampled = fedalign.split_round(self.indices, fa, rng)
+        x, _ = self.data.batch(torch.from_numpy(unsampled))
         stats = fedalign.privatize_moments(fedalign.moments(x.numpy(), fa.granularity), fa.stat_clip,
                                            int(unsampled.size), fa.stat_epsilon, fa.stat_delta, rng)
         encoded = encode_state(stats, STATS_CODEC, rng)
@@ -222,15 +225,15 @@ class ClientActor:
 
     @property
     def moment_size(self) -> int:
-        shape = self.trainer.task.train.input_shape
+        shape = self.data.input_shape
         return int(shape[0]) if self.cfg.fedalign.granularity == "channel" else int(np.prod(shape))
 
     def _aligned(self, sampled: np.ndarray, target: dict[str, np.ndarray]) -> Dataset:
         """S_k' = Align(S_k; global moments), as float inputs in the same [0, 1] scale as the rest."""
-        x, y = self.trainer.task.train.batch(torch.from_numpy(sampled))
+        x, y = self.data.batch(torch.from_numpy(sampled))
         fa = self.cfg.fedalign
         aligned = fedalign.align(x.numpy(), target, fa.granularity, higher=fa.moments == 4)
-        return Dataset(torch.from_numpy(aligned), y, self.trainer.task.train.classes)
+        return Dataset(torch.from_numpy(aligned), y, self.data.classes)
 
     def _privatize(self, state, result: TrainingResult, local: LocalTraining, rng, info: dict):
         """Eq. 1.10-1.11: sensitivity from this round's Lipschitz estimate, then noise on the weights."""

@@ -229,3 +229,14 @@ def partition_dirichlet_floor(labels: np.ndarray, clients: int, alpha: float, rn
         for j, chunk in enumerate(np.split(idx, np.cumsum(counts)[:-1])):
             parts[j].append(chunk)
     return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def with_input_noise(data: Dataset, indices: np.ndarray, std: float, seed) -> tuple[Dataset, np.ndarray]:
+    """A client's own samples with fixed additive Gaussian noise N(0, std^2) on its inputs (feature
+    skew, NIID-Bench style), as a dataset of its own indexed 0..n-1; unchanged when std is 0.
+    The noise is drawn once, so every epoch sees the same noisy samples."""
+    if std <= 0:
+        return data, indices
+    x, y = data.batch(torch.from_numpy(indices))
+    noise = np.random.default_rng(seed).normal(0.0, std, size=tuple(x.shape)).astype(np.float32)
+    return Dataset(x + torch.from_numpy(noise), y, data.classes), np.arange(indices.size)

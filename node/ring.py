@@ -24,6 +24,7 @@ from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_
 from . import firma
 from .actor import Message, Reaction, Send
 from .client import ClientProfile, TaskSpec, training_seconds
+from .data import with_input_noise
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .strategy import WeightedAverage
 from .training import accuracy_on, train_part
@@ -88,6 +89,8 @@ class RingClientActor:
         # One common initialisation, as in any FL run: averaging independently initialised models
         # (the warm-up's FedAvg) destroys them, which we saw as a collapse to the majority class.
         self.model = task.build()
+        self.data, self.indices = with_input_noise(task.train, profile.indices, profile.input_noise,
+                                                   [cfg.seed, profile.index, 0xF5])
         self.spec = state_spec(self.model)
         self.shared_keys = [k for k in self.spec if not k.startswith(cfg.private_prefix)]
         self.shared_spec = {k: self.spec[k] for k in self.shared_keys}
@@ -144,7 +147,7 @@ class RingClientActor:
         epochs = max(self.cfg.epochs_head, self.cfg.epochs_extractor) if warm else self.cfg.epochs_head + self.cfg.epochs_extractor
         duration = training_seconds(self.profile.ms_per_sample, int(self.profile.indices.size), epochs, self.cpu_load)
         rng = np.random.default_rng([self.cfg.seed, index, self.profile.index])
-        data, idx, bs = self.task.train, self.profile.indices, self.cfg.batch_size
+        data, idx, bs = self.data, self.indices, self.cfg.batch_size
 
         def work():
             if warm:

@@ -94,3 +94,28 @@ def test_split_round():
     sampled, unsampled = fedalign.split_round(np.arange(100), cfg, np.random.default_rng(0))
     assert sampled.size == 80 and unsampled.size == 10
     assert not set(sampled) & set(unsampled)
+
+
+def test_feature_noise_is_fixed_per_client_and_grows_with_the_index(tmp_path):
+    import torch
+
+    from conftest import write_scenario
+    from emulator.scenario import load_scenario
+    from emulator.world import build_world
+    from node.data import Dataset, with_input_noise
+
+    base = Dataset(torch.zeros((3000, 1, 4, 4), dtype=torch.uint8), torch.zeros(3000, dtype=torch.long), 10)
+    idx = np.arange(100, 2100)
+    noisy, own = with_input_noise(base, idx, 0.2, [1, 2])
+    assert own.tolist() == list(range(2000)) and noisy.x.dtype == torch.float32
+    assert float(noisy.x.std()) == pytest.approx(0.2, rel=0.02)  # clean inputs are 0 here
+    again, _ = with_input_noise(base, idx, 0.2, [1, 2])
+    assert torch.equal(noisy.x, again.x)  # drawn once, the same every epoch and run
+    assert with_input_noise(base, idx, 0.0, [1, 2]) == (base, idx)  # no noise: the shared data, untouched
+    text = """
+rounds: 1
+task: {dataset: synthetic, model: mlp, feature_noise: 0.1}
+population: {clients: 4, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, down_mbps: 1}]}
+"""
+    sc, _ = load_scenario(write_scenario(tmp_path / "s.yaml", text))
+    assert [c.profile.input_noise for c in build_world(sc).clients] == pytest.approx([0.025, 0.05, 0.075, 0.1])
