@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_codec
+from protocol.codecs import Codec, CodecError, decode_state, encode_state
 from . import fedalign
 from .actor import Message, Reaction, Send
 from .data import Dataset, with_input_noise
@@ -19,9 +19,6 @@ from .models import build_model, load_numpy_state, state_spec, state_to_numpy
 from .privacy import add_noise, noise_scale, sensitivity
 from .schedule import BitSchedule, importance
 from .training import LocalTraining, TrainingResult, train_local
-
-
-STATS_CODEC = make_codec("fp32")  # moments travel at full precision: a handful of numbers
 
 
 @dataclass
@@ -32,6 +29,11 @@ class ClientProfile:
     ms_per_sample: float  # modelled compute speed of its device
     test_indices: np.ndarray | None = None  # its own test split, where the algorithm evaluates per client
     input_noise: float = 0.0  # std of the fixed Gaussian noise on its training inputs (feature skew)
+
+    def training_data(self, train: Dataset, seed: int) -> tuple[Dataset, np.ndarray]:
+        """The data this client trains on and its indices there: the shared training set, or its own
+        noisy copy under feature skew (the same noise for every algorithm and run)."""
+        return with_input_noise(train, self.indices, self.input_noise, [seed, self.index, 0xF5])
 
 
 @dataclass
@@ -100,8 +102,7 @@ class ClientActor:
         self.cfg = cfg
         self.rejected = 0
         self.generation = 0  # bumped when the device comes back online: work begun before is lost
-        self.data, self.indices = with_input_noise(trainer.task.train, profile.indices, profile.input_noise,
-                                                   [cfg.seed, profile.index, 0xF5])
+        self.data, self.indices = profile.training_data(trainer.task.train, cfg.seed)
         self.labels = self.data.y.numpy()[self.indices]
         self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(self.indices)
         self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
@@ -208,7 +209,7 @@ class ClientActor:
         x, _ = self.data.batch(torch.from_numpy(unsampled))
         stats = fedalign.privatize_moments(fedalign.moments(x.numpy(), fa.granularity), fa.stat_clip,
                                            int(unsampled.size), fa.stat_epsilon, fa.stat_delta, rng)
-        encoded = encode_state(stats, STATS_CODEC, rng)
+        encoded = encode_state(stats, fedalign.MOMENTS_CODEC, rng)
         self.pending = {task.round: (task, sampled)}  # an older round's task is abandoned
         return Reaction(sends=[Send("server", "stats", task.round, {"samples": int(self.profile.indices.size)},
                                     encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)])

@@ -11,7 +11,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from protocol.codecs import make_codec
+
 MOMENTS = ("mean", "var", "skew", "kurt")
+MOMENTS_CODEC = make_codec("fp32")  # statistics travel at full precision both ways: a handful of numbers
 VAR_FLOOR = 1e-6  # noise can push an aggregated variance to zero or below (INFERRED safeguard of 3.3)
 
 

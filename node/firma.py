@@ -13,8 +13,6 @@ PHI = (1 + math.sqrt(5)) / 2
 ALPHA = 1 / PHI  # left neighbour's Fibonacci weight
 BETA = 1 / PHI**2  # right neighbour's; ALPHA + BETA = 1
 
-VARIANTS = ("fibfl", "fibfl+", "fibfl++")
-
 
 def passes(clients: int, variant: str) -> int:
     """K: one gossip pass per round for FibFL and FibFL+, ceil(N/2) for FibFL++ (Fix B)."""

@@ -24,7 +24,6 @@ from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_
 from . import firma
 from .actor import Message, Reaction, Send
 from .client import ClientProfile, TaskSpec, training_seconds
-from .data import with_input_noise
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .strategy import WeightedAverage
 from .training import accuracy_on, train_part
@@ -89,8 +88,7 @@ class RingClientActor:
         # One common initialisation, as in any FL run: averaging independently initialised models
         # (the warm-up's FedAvg) destroys them, which we saw as a collapse to the majority class.
         self.model = task.build()
-        self.data, self.indices = with_input_noise(task.train, profile.indices, profile.input_noise,
-                                                   [cfg.seed, profile.index, 0xF5])
+        self.data, self.indices = profile.training_data(task.train, cfg.seed)
         self.spec = state_spec(self.model)
         self.shared_keys = [k for k in self.spec if not k.startswith(cfg.private_prefix)]
         self.shared_spec = {k: self.spec[k] for k in self.shared_keys}
@@ -167,6 +165,10 @@ class RingClientActor:
 
         return Reaction(work_s=duration, work=work)
 
+    def _reject(self, msg: Message, error: str) -> Reaction:
+        """A message that does not decode is an incident of the run; the client goes on without it."""
+        return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": error}])
+
     # ---- gossip ------------------------------------------------------------------------------
     def _send_pass(self, k: int, t: float) -> Reaction:
         self.phase, self.pass_index = "gossip", k
@@ -200,7 +202,7 @@ class RingClientActor:
         try:
             state, _ = decode_state(msg.frames, self.shared_spec)
         except CodecError as exc:
-            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": f"gossip from {msg.src}: {exc}"}])
+            return self._reject(msg, f"gossip from {msg.src}: {exc}")
         self.inbox[(msg.round, int(msg.body["pass"]))][msg.src] = (state, float(msg.body["acc"]))
         return self._advance(msg.t)
 
@@ -253,12 +255,12 @@ class RingClientActor:
                                     encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], timers=timers)
 
     def _on_warmup_update(self, msg: Message) -> Reaction:
-        if msg.round < self.round or (msg.round == self.round and self.phase != "warmup_wait" and self.phase != "training"):
+        if msg.round < self.round or (msg.round == self.round and self.phase not in ("training", "warmup_wait")):
             return Reaction()  # came after the aggregator gave up waiting for it
         try:
             state, _ = decode_state(msg.frames, self.spec)
         except CodecError as exc:
-            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": f"warm-up update from {msg.src}: {exc}"}])
+            return self._reject(msg, f"warm-up update from {msg.src}: {exc}")
         self.warm_models[msg.round][msg.src] = (state, float(msg.body["samples"]))
         return self._maybe_average(msg.round, msg.t)
 
@@ -287,7 +289,7 @@ class RingClientActor:
         try:
             state, _ = decode_state(msg.frames, self.spec)
         except CodecError as exc:
-            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": f"warm-up model: {exc}"}])
+            return self._reject(msg, f"warm-up model: {exc}")
         load_numpy_state(self.model, state)
         return self._finish(msg.t, None)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_codec
+from protocol.codecs import Codec, CodecError, decode_state, encode_state
 from .actor import Message, Reaction, Send
 from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
@@ -81,7 +81,6 @@ class ServerActor:
         # who may be selected, with their last reported status; without check-in, everyone
         self.pool: dict[str, dict[str, Any]] = {} if cfg.checkin else {c: {} for c in self.clients}
         self.last_round_end = 0.0
-        self.stats_codec = make_codec("fp32")
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
 
     # ---- reactions --------------------------------------------------------------------------
@@ -197,7 +196,7 @@ class ServerActor:
             del rnd.stats[name]
             self._reject(rnd, name, "statistics", f"shape {shapes[name]}, the others {common}", {})
         target = fedalign.aggregate_moments(list(rnd.stats.values()))
-        encoded = encode_state(target, self.stats_codec, np.random.default_rng([self.cfg.seed, rnd.index, 0xA1]))
+        encoded = encode_state(target, fedalign.MOMENTS_CODEC, np.random.default_rng([self.cfg.seed, rnd.index, 0xA1]))
         to = sorted(rnd.stats)
         rnd.stats = {}
         return Reaction(sends=[Send(to, "moments", rnd.index, {}, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)])

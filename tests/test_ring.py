@@ -48,14 +48,22 @@ eval: {{{{every: 1}}}}
 """
 
 
-@pytest.fixture(scope="module")
-def ring_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ring")
+def run_ring(tmp, variant: str = "fibfl++", rounds: int = 3, timeout_s: float | None = None, cut: str | None = None):
+    """Run the 6-client ring; optionally with a pass timeout and with `cut`'s link down from 0.1 s."""
+    text = RING.format(rounds=rounds, variant=variant)
+    if timeout_s is not None:
+        text = text.replace("epochs_extractor: 1}", f"epochs_extractor: 1, pass_timeout_s: {timeout_s}}}")
+    if cut is not None:
+        text += f"faults: [{{kind: link_down, actor: {cut}, at_s: 0.1}}]\n"
     out = tmp / "run"
-    text = RING.format(rounds=3, variant="fibfl++")
     res = run_cli("run", str(write_scenario(tmp / "ring.yaml", text)), "--out", str(out), timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def ring_run(tmp_path_factory):
+    return run_ring(tmp_path_factory.mktemp("ring"))
 
 
 def test_ring_summary_and_rounds(ring_run):
@@ -130,10 +138,7 @@ def test_warmup_fedavg_through_the_elected_peer_matches_link_arithmetic(ring_run
 
 
 def test_same_seed_same_ring_run(ring_run, tmp_path):
-    out = tmp_path / "again"
-    text = RING.format(rounds=3, variant="fibfl++")
-    res = run_cli("run", str(write_scenario(tmp_path / "ring.yaml", text)), "--out", str(out), timeout=180)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = run_ring(tmp_path)
     assert read_csv(out / "transfers.csv") == read_csv(ring_run / "transfers.csv")
     strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
     assert strip(read_csv(out / "rounds.csv")) == strip(read_csv(ring_run / "rounds.csv"))  # accuracies included
@@ -226,12 +231,7 @@ def test_sigkill_a_ring_host_the_survivors_finish(tmp_path):
 
 
 def test_a_silent_neighbour_is_waited_for_only_pass_timeout_s(tmp_path):
-    text = RING.format(rounds=3, variant="fibfl+").replace(
-        "epochs_extractor: 1}", "epochs_extractor: 1, pass_timeout_s: 5.0}") + \
-        "faults: [{kind: link_down, actor: c0003, at_s: 0.1}]\n"
-    out = tmp_path / "run"
-    res = run_cli("run", str(write_scenario(tmp_path / "ring.yaml", text)), "--out", str(out), timeout=180)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = run_ring(tmp_path, "fibfl+", timeout_s=5.0, cut="c0003")
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
     transfers = read_csv(out / "transfers.csv")
     assert all(t["outcome"] == "link_down" for t in transfers if "c0003" in (t["src"], t["dst"]))
@@ -251,12 +251,7 @@ def test_a_silent_neighbour_is_waited_for_only_pass_timeout_s(tmp_path):
 
 
 def test_warmup_aggregator_averages_without_a_silent_peer_and_the_others_take_it(tmp_path):
-    text = RING.format(rounds=3, variant="fibfl++").replace(
-        "epochs_extractor: 1}", "epochs_extractor: 1, pass_timeout_s: 5.0}") + \
-        "faults: [{kind: link_down, actor: c0005, at_s: 0.1}]\n"
-    out = tmp_path / "run"
-    res = run_cli("run", str(write_scenario(tmp_path / "ring.yaml", text)), "--out", str(out), timeout=180)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = run_ring(tmp_path, "fibfl++", timeout_s=5.0, cut="c0005")
     assert json.loads((out / "summary.json").read_text())["ring"]["warmup_aggregator"] == "c0000"  # 2-opt keeps position 0
     warm = [t for t in read_csv(out / "transfers.csv") if int(t["round"]) == 0]
     models = [t for t in warm if t["kind"] == "warmup_model"]
