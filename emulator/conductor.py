@@ -118,6 +118,7 @@ class Conductor:
                                 world.faults, clock.speedup if clock.mode == "realtime" else None,
                                 devices={c.profile.name: c.spec for c in world.clients if c.spec is not None},
                                 seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of,
+                                tcp=world.tcp, group_queue_s=world.group_queue_s,
                                 starters=names if serverless else [SERVER], watchers=names if serverless else [SERVER])
         specs = [("network", "network", network_main, (net_cfg,))]
         if not serverless:

@@ -3,12 +3,18 @@
 A transfer of B wire bytes becomes link_bytes(B) bytes on the link (TCP/IP/Ethernet framing by
 default), is transmitted at the max-min fair rate of its path (rates recomputed whenever a flow
 starts or ends, as in SimGrid's flow-level model), and arrives one path latency after its last
-byte left."""
+byte left. With a transport (emulator/transport.py), a flow's rate is further capped by its
+connection's congestion window: the window is one more constraint in the same max-min filling,
+so capacity a window-limited flow cannot use goes to the others."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from .transport import EPS_BITS, TcpState, TcpTransport
 
 INF = math.inf
 
@@ -33,7 +39,14 @@ class Framing:
 def max_min_rates(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable, float]) -> list[float]:
     """Max-min fair rate of each flow (progressive filling). A flow's path lists the links it
     crosses; links absent from `capacity` or with infinite capacity never constrain it."""
+    return max_min_fill(paths, capacity)[0]
+
+
+def max_min_fill(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable, float]) -> tuple[list[float], list[Hashable | None]]:
+    """Max-min fair rates and, for each flow, the link whose saturation fixed its rate (None when
+    nothing constrains it)."""
     rates = [INF] * len(paths)
+    bottleneck: list[Hashable | None] = [None] * len(paths)
     remaining = {link: float(capacity.get(link, INF)) for path in paths for link in path}
     users: dict[Hashable, set[int]] = {}
     for i, path in enumerate(paths):
@@ -46,14 +59,20 @@ def max_min_rates(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashabl
         if not shares:
             break
         best = min(shares.values())
-        fixed = set().union(*(users[link] & active for link, share in shares.items() if share <= best * (1 + 1e-12)))
+        fixed: set[int] = set()
+        for link, share in shares.items():
+            if share <= best * (1 + 1e-12):
+                for i in users[link] & active:
+                    if i not in fixed:
+                        fixed.add(i)
+                        bottleneck[i] = link
         for i in fixed:
             rates[i] = max(best, 0.0)
             for link in set(paths[i]):
                 if link in users:
                     remaining[link] -= best
         active -= fixed
-    return rates
+    return rates, bottleneck
 
 
 @dataclass
@@ -62,45 +81,145 @@ class Flow:
     remaining_bits: float
     rate: float = 0.0
     version: int = 0
-    done_at: float = INF
+    done_at: float = INF  # when its next event is due: the last bit, or a window event (tcp)
+    tcp: TcpState | None = None
+    active: bool = True  # False while it waits for its connection (messages on one connection go in order)
+    share: float = 0.0  # its last fair share not held down by its own window (bit/s)
+    bottleneck: Hashable | None = None
+
+    @property
+    def floor(self) -> float:
+        """The last byte cannot leave before this (a retransmission still to come)."""
+        return self.tcp.floor if self.tcp else -INF
+
+    @property
+    def resent_bits(self) -> float:
+        return self.tcp.resent_bits if self.tcp else 0.0
 
 
 @dataclass
 class FlowModel:
-    """Active flows and their fair rates. Callers advance time, add or remove flows, and
-    reschedule the completions this returns (flow id, done_at, version)."""
+    """Active flows and their rates. Callers advance time, add or remove flows, fire a flow's due
+    event, and reschedule the events this returns (flow id, due time, version). Without a
+    transport every event is a completion (the fluid model)."""
 
     capacity: dict[Hashable, float]
+    transport: TcpTransport | None = None
+    queue_s: dict[Hashable, float] = field(default_factory=dict)  # buffer of each link, in seconds of its rate
     t: float = 0.0
     flows: dict[Hashable, Flow] = field(default_factory=dict)
+    qdelay: dict[Hashable, float] = field(default_factory=dict)
 
     def advance(self, t: float) -> None:
         dt = t - self.t
         if dt > 0:
             for flow in self.flows.values():
-                if flow.rate < INF:
-                    flow.remaining_bits = max(0.0, flow.remaining_bits - flow.rate * dt)
+                if not flow.active or flow.rate <= 0:
+                    continue
+                bits = flow.rate * dt if flow.rate < INF else self._instant_bits(flow)
+                bits = min(bits, flow.remaining_bits)
+                flow.remaining_bits -= bits
+                if flow.tcp:
+                    self.transport.sent(flow, bits)
         self.t = max(self.t, t)
 
-    def add(self, fid: Hashable, bits: float, path: Sequence[Hashable]) -> list[tuple[Hashable, float, int]]:
-        self.flows[fid] = Flow(tuple(path), float(bits))
+    def _instant_bits(self, flow: Flow) -> float:
+        return self.transport.instant_bits(flow) if flow.tcp else flow.remaining_bits
+
+    def add(self, fid: Hashable, bits: float, path: Sequence[Hashable], *, connection: Hashable = None,
+            rtt: float = 0.0, seg_bits: float = 1514 * 8.0, mss: int = 1448, loss: float = 0.0,
+            rng: np.random.Generator | None = None) -> list[tuple[Hashable, float, int]]:
+        """A new flow of `bits` along `path`. With a transport, `connection` names the connection it
+        uses (its window persists across flows), `rtt` the path's propagation RTT, `seg_bits` the
+        link bits of a full segment (`mss` its payload bytes) and `loss` the probability that a segment is lost."""
+        flow = Flow(tuple(path), float(bits))
+        self.flows[fid] = flow
+        if self.transport is not None:
+            conn = self.transport.connection(connection)
+            narrowest = min((self.capacity.get(link, INF) for link in path), default=INF)
+            serialization = seg_bits / narrowest if narrowest < INF else 0.0
+            flow.tcp = TcpState(conn, rtt + serialization if rtt > 0 else 0.0, seg_bits, mss, loss, rng)
+            if conn.active is not None:
+                flow.active = False
+                conn.waiting.append(fid)
+                return []
+            self._begin(fid)
         return self._rebalance()
+
+    def _begin(self, fid: Hashable) -> None:
+        flow = self.flows[fid]
+        flow.active = True
+        flow.tcp.conn.active = fid
+        flow.tcp.qdelay = sum(self.qdelay.get(link, 0.0) for link in flow.path)
+        self.transport.begin(flow, self.t)
+
+    def fire(self, fid: Hashable) -> tuple[bool, list[tuple[Hashable, float, int]]]:
+        """The flow's due event, at the current time: True when its last bit has left."""
+        flow = self.flows[fid]
+        if flow.rate == INF:  # an unconstrained path moves its bits without time passing
+            bits = min(flow.remaining_bits, self._instant_bits(flow))
+            flow.remaining_bits -= bits
+            if flow.tcp:
+                self.transport.sent(flow, bits)
+        if flow.tcp:
+            allowance = self._queue_allowance(flow)
+            self.transport.fire(flow, self.t, flow.share * flow.tcp.rtt_base, allowance)
+        if flow.remaining_bits <= EPS_BITS:
+            return True, []
+        flow.done_at = INF  # forces a fresh schedule
+        return False, self._rebalance(force=fid)
+
+    def _queue_allowance(self, flow: Flow) -> float:
+        """Bits of its bottleneck's buffer that fall to this flow: its part of the link's rate."""
+        link = flow.bottleneck
+        cap = self.capacity.get(link, INF) if link is not None else INF
+        if cap >= INF or flow.share <= 0:
+            return 0.0
+        return self.queue_s.get(link, 0.0) * cap * (flow.share / cap)
 
     def remove(self, fid: Hashable) -> tuple[Flow | None, list[tuple[Hashable, float, int]]]:
         flow = self.flows.pop(fid, None)
+        if flow is not None and flow.tcp is not None:
+            conn = flow.tcp.conn
+            if flow.active:
+                self.transport.end(flow, self.t)
+                while conn.waiting and conn.waiting[0] not in self.flows:
+                    conn.waiting.popleft()
+                if conn.waiting:
+                    self._begin(conn.waiting.popleft())
+            elif fid in conn.waiting:
+                conn.waiting.remove(fid)
         return flow, self._rebalance()
 
-    def _rebalance(self) -> list[tuple[Hashable, float, int]]:
-        ids = list(self.flows)
-        rates = max_min_rates([self.flows[i].path for i in ids], self.capacity)
-        changed = []
-        for fid, rate in zip(ids, rates):
+    def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
+        ids = [fid for fid, flow in self.flows.items() if flow.active]
+        paths, caps = [], {}
+        for fid in ids:
             flow = self.flows[fid]
-            if rate == flow.rate and flow.done_at < INF:
+            cap = self.transport.cap(flow, self.t) if flow.tcp else INF
+            if cap < INF:
+                caps[("window", fid)] = cap
+                paths.append((*flow.path, ("window", fid)))
+            else:
+                paths.append(flow.path)
+        rates, bottlenecks = max_min_fill(paths, {**self.capacity, **caps} if caps else self.capacity)
+        changed = []
+        for fid, rate, link in zip(ids, rates, bottlenecks):
+            flow = self.flows[fid]
+            limited = link == ("window", fid)
+            if not limited:
+                flow.bottleneck = link
+                if rate > 0:
+                    flow.share = rate
+            if flow.tcp:
+                self.transport.after_rates(flow, self.t, limited)
+            if rate == flow.rate and flow.done_at < INF and fid != force:
                 continue
             flow.rate = rate
             flow.version += 1
-            if flow.remaining_bits <= 0 or rate == INF:
+            if flow.tcp:
+                flow.done_at = self.transport.next_event(flow, self.t)
+            elif flow.remaining_bits <= 0 or rate == INF:
                 flow.done_at = self.t
             elif rate > 0:
                 flow.done_at = self.t + flow.remaining_bits / rate
@@ -108,4 +227,82 @@ class FlowModel:
                 flow.done_at = INF
             if flow.done_at < INF:
                 changed.append((fid, flow.done_at, flow.version))
+        if self.transport is not None:
+            self._standing_queues(ids)
         return changed
+
+    def _standing_queues(self, ids: list[Hashable]) -> None:
+        """The window beyond a flow's share of the BDP waits in its bottleneck's buffer, and that
+        queue delays every flow through the link (used for their next rounds)."""
+        held: dict[Hashable, float] = {}
+        own: dict[Hashable, float] = {}
+        for fid in ids:
+            flow = self.flows[fid]
+            st = flow.tcp
+            if st is None or st.phase != "ca" or st.limited or flow.bottleneck is None or flow.rate >= INF:
+                continue
+            excess = st.conn.cwnd * st.seg_bits - flow.rate * st.rtt_base
+            if excess > 0:
+                held[flow.bottleneck] = held.get(flow.bottleneck, 0.0) + excess
+                own[fid] = excess
+        self.qdelay = {}
+        fill: dict[Hashable, float] = {}  # how much of what the windows hold the buffer can take
+        for link, bits in held.items():
+            cap = self.capacity.get(link, INF)
+            if cap < INF:
+                queued = min(bits, self.queue_s.get(link, 0.0) * cap)
+                self.qdelay[link] = queued / cap
+                fill[link] = queued / bits
+        for fid in ids:
+            flow = self.flows[fid]
+            if flow.tcp:
+                flow.tcp.qdelay = sum(self.qdelay.get(link, 0.0) for link in flow.path)
+                link = flow.bottleneck
+                flow.tcp.own_qdelay = own[fid] * fill[link] / self.capacity[link] if fid in own and link in fill else 0.0
+
+
+def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """Run transfers alone through a flow model (no network process): each is a mapping with
+    `start` (seconds, or `after`: the index of a transfer whose arrival starts it, plus `gap`),
+    `bits`, `path`, `latency` (one way) and the keyword arguments of FlowModel.add. Returns each
+    transfer's (start, arrival). For tests and for the validation tool's side of the comparison."""
+    import heapq
+
+    out: list[list[float]] = [[INF, INF] for _ in transfers]
+    events: list[tuple[float, int, int, Any]] = []  # (t, order, n, payload)
+    seq = 0
+
+    def push(t: float, kind: int, payload: Any) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, kind, seq, payload))
+
+    for i, tr in enumerate(transfers):
+        if "after" not in tr:
+            push(float(tr["start"]), 1, ("start", i))
+    while events:
+        t, _, _, (what, *rest) = heapq.heappop(events)
+        model.advance(t)
+        if what == "start":
+            i = rest[0]
+            tr = transfers[i]
+            out[i][0] = t
+            extra = {k: v for k, v in tr.items() if k not in ("start", "after", "gap", "bits", "path", "latency")}
+            for fid, due, version in model.add(i, tr["bits"], tr["path"], **extra):
+                push(due, 0, ("flow", fid, version))
+        else:
+            fid, version = rest
+            flow = model.flows.get(fid)
+            if flow is None or flow.version != version:
+                continue
+            finished, changed = model.fire(fid)
+            if finished:
+                arrival = max(t, flow.floor) + transfers[fid].get("latency", 0.0)
+                out[fid][1] = arrival
+                _, changed = model.remove(fid)
+                for j, tr in enumerate(transfers):
+                    if tr.get("after") == fid:
+                        push(arrival + tr.get("gap", 0.0), 1, ("start", j))
+            for f2, due, v2 in changed:
+                push(due, 0, ("flow", f2, v2))
+    return [(a, b) for a, b in out]

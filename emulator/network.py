@@ -23,6 +23,7 @@ import numpy as np
 from protocol import envelope
 from .devices import DeviceSpec, cpu_load, stable_key
 from .links import INF, FlowModel, Framing
+from .transport import TcpParams, TcpTransport
 
 CONDUCTOR = "conductor"
 SERVER = "server"
@@ -41,6 +42,7 @@ class Link:
     latency_s: float = 0.0
     jitter_s: float = 0.0  # mean of an exponential extra delay per message
     loss: float = 0.0  # probability that a segment is lost and retransmitted
+    queue_s: float = 0.1  # bottleneck buffer in seconds of the link's rate (tcp transport)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,9 @@ class NetworkConfig:
     realtime_speedup: float | None = None  # None: virtual time (jump to the next event)
     devices: dict[str, DeviceSpec] = field(default_factory=dict)  # client devices (availability, battery, load)
     seed: int = 0
-    rto_s: float = 0.2  # delay a lost segment costs (Linux's minimum retransmission timeout)
+    rto_s: float = 0.2  # fluid transport: the delay a lost segment costs (Linux's minimum retransmission timeout)
+    tcp: TcpParams | None = None  # the tcp transport's parameters; None: the fluid transport
+    group_queue_s: dict[str, float] = field(default_factory=dict)  # buffers of the shared bottlenecks
     groups: dict[str, float] = field(default_factory=dict)  # shared bottleneck links: name -> bit/s
     group_of: dict[str, list[str]] = field(default_factory=dict)  # actor -> shared links its traffic crosses
     starters: list[str] = field(default_factory=lambda: [SERVER])  # who gets "start" at t = 0
@@ -136,7 +140,7 @@ class Network:
         self.peer_actors: dict[str, list[str]] = {}
         self.dead: set[str] = set()
         self.transfers: dict[int, Transfer] = {}
-        self.flows = FlowModel(self._capacities())
+        self.flows = FlowModel(self._capacities(), TcpTransport(cfg.tcp) if cfg.tcp else None, self._queues())
         self.started = False
         self.stopping = False
         self.rejected = 0
@@ -158,6 +162,14 @@ class Network:
         for name, bps in self.cfg.groups.items():
             caps[("group", name)] = bps
         return caps
+
+    def _queues(self) -> dict[tuple[str, str], float]:
+        queues = {}
+        for actor, link in self.cfg.links.items():
+            queues[("up", actor)] = queues[("down", actor)] = link.queue_s
+        for name, q in self.cfg.group_queue_s.items():
+            queues[("group", name)] = q
+        return queues
 
     def link(self, actor: str) -> Link:
         return self.cfg.links.get(actor, Link())
@@ -287,7 +299,7 @@ class Network:
         if kind == "flow_start":
             self._start_flow(event[1])
         elif kind == "flow_done":
-            self._finish_flow(event[1], event[2])
+            self._flow_event(event[1], event[2])
         elif kind == "deliver":
             self._deliver(sock, *event[1])
         elif kind == "tick":
@@ -307,17 +319,26 @@ class Network:
     def reachable(self, actor: str) -> bool:
         return self.online.get(actor, True) and not self.links_down.get(actor)
 
+    def _loss(self, tr: Transfer) -> float:
+        up, down = self.link(tr.src), self.link(tr.dst)
+        return 1 - (1 - up.loss) * (1 - down.loss)
+
+    def _rng(self, tr: Transfer) -> np.random.Generator:
+        """A generator named by the transfer, so that its draws do not depend on the order in which
+        messages reached this process."""
+        return np.random.default_rng([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst)])
+
     def _impairments(self, tr: Transfer) -> None:
-        """Jitter and loss of both access links, drawn from a generator named by the transfer, so
-        the draw does not depend on the order in which messages reached this process."""
+        """Jitter of both access links, and (fluid transport) the cost of lost segments: each is
+        sent again and delays the message by one RTO. The tcp transport handles loss in its window."""
         up, down = self.link(tr.src), self.link(tr.dst)
         if not (up.jitter_s or down.jitter_s or up.loss or down.loss):
             return
-        rng = np.random.default_rng([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst)])
+        rng = np.random.default_rng([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst), 1])
         delay = sum(float(rng.exponential(j)) for j in (up.jitter_s, down.jitter_s) if j > 0)
-        loss = 1 - (1 - up.loss) * (1 - down.loss)
+        loss = self._loss(tr)
         mss = self.cfg.framing.mss or 1448
-        if loss > 0:
+        if loss > 0 and self.cfg.tcp is None:
             segments = max(1, -(-tr.wire_bytes // mss))
             lost = int(rng.binomial(segments, loss))
             tr.link_bytes += lost * (mss + self.cfg.framing.segment_overhead)  # each lost segment is sent again
@@ -340,18 +361,31 @@ class Network:
         self._impairments(tr)
         self.transfers[tr.tid] = tr
         self.flows.advance(self.now)
-        self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self._path(tr)))
+        tcp = {}
+        if self.cfg.tcp is not None:
+            framing = self.cfg.framing
+            tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self._one_way(tr), seg_bits=(framing.mss + framing.segment_overhead) * 8.0,
+                       mss=framing.mss, loss=self._loss(tr), rng=self._rng(tr))
+        self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self._path(tr), **tcp))
 
-    def _finish_flow(self, fid: int, version: int) -> None:
+    def _one_way(self, tr: Transfer) -> float:
+        return self.link(tr.src).latency_s + self.link(tr.dst).latency_s
+
+    def _flow_event(self, fid: int, version: int) -> None:
         flow = self.flows.flows.get(fid)
         if flow is None or flow.version != version:
             return  # rescheduled or aborted since
         self.flows.advance(self.now)
+        finished, changed = self.flows.fire(fid)
+        self._reschedule(changed)
+        if not finished:
+            return  # a window event: the flow goes on at its new rate
         _, changed = self.flows.remove(fid)
         self._reschedule(changed)
         tr = self.transfers.pop(fid)
+        tr.link_bytes += int(round(flow.resent_bits / 8))
         self._drain_transfer(tr, tr.link_bytes)
-        arrival = self.now + self.link(tr.src).latency_s + self.link(tr.dst).latency_s + tr.extra_delay
+        arrival = max(self.now, flow.floor) + self._one_way(tr) + tr.extra_delay
         self.to_conductor("record", {"transfers": [tr.record(arrival, "ok")]})
         tr.deliver_env["t"] = arrival
         self.push(arrival, DELIVER, tr.src, tr.tid, 1, ("deliver", (tr.deliver_env, tr.frames)))
@@ -360,7 +394,7 @@ class Network:
         flow, changed = self.flows.remove(fid)
         self._reschedule(changed)
         tr = self.transfers.pop(fid)
-        sent_bits = tr.link_bytes * 8.0 - (flow.remaining_bits if flow else 0.0)
+        sent_bits = tr.link_bytes * 8.0 + (flow.resent_bits - flow.remaining_bits if flow else 0.0)
         self.to_conductor("record", {"transfers": [tr.record(self.now, outcome, int(sent_bits // 8))]})
         self._drain_transfer(tr, int(sent_bits // 8))
 

@@ -63,7 +63,9 @@ class LinkMix(Strict):
     down_mbps: float = Field(gt=0)
     latency_ms: float = Field(0.0, ge=0, description="one-way latency of the access link")
     jitter_ms: float = Field(0.0, ge=0, description="mean of an exponential extra delay per message")
-    loss: float = Field(0.0, ge=0, lt=1, description="segment loss probability (each loss costs a resend and network.rto_ms)")
+    loss: float = Field(0.0, ge=0, lt=1, description="random segment loss probability")
+    queue_ms: Optional[float] = Field(
+        None, ge=0, description="bottleneck buffer of this access link in ms of its rate (tcp transport); null: network.queue_ms")
 
 
 class Availability(Strict):
@@ -78,6 +80,7 @@ class SharedLink(Strict):
     up_mbps: Optional[float] = Field(None, gt=0, description="shared by uploads from its members; null: unlimited")
     down_mbps: Optional[float] = Field(None, gt=0, description="shared by downloads to its members; null: unlimited")
     links: list[str] = Field(min_length=1, description="link mix names whose clients sit behind it")
+    queue_ms: Optional[float] = Field(None, ge=0, description="its buffer in ms of its rate; null: network.queue_ms")
 
 
 def _shares_sum_to_one(items: list, what: str) -> list:
@@ -140,6 +143,7 @@ class ServerLink(Strict):
     up_mbps: Optional[float] = Field(None, gt=0, description="null: unlimited")
     down_mbps: Optional[float] = Field(None, gt=0, description="null: unlimited")
     latency_ms: float = Field(0.0, ge=0)
+    queue_ms: Optional[float] = Field(None, ge=0, description="its buffer in ms of its rate; null: network.queue_ms")
 
 
 class Server(Strict):
@@ -292,11 +296,31 @@ class Eval(Strict):
     target_accuracy: Optional[float] = Field(None, gt=0, le=1)
 
 
+class TcpModel(Strict):
+    """Linux's defaults (emulator/transport.py says what is approximated)."""
+    initcwnd: int = Field(10, ge=1, description="initial congestion window in segments (RFC 6928)")
+    beta: float = Field(0.7, gt=0, lt=1, description="CUBIC's multiplicative decrease")
+    cubic_c: float = Field(0.4, gt=0, description="CUBIC's C, in segments per second cubed")
+    rwnd_bytes: int = Field(3 * 2**20, ge=1, description="receive window ceiling (Linux autotuning with tcp_rmem max 6 MiB)")
+    restart_after_idle: bool = Field(True, description="tcp_slow_start_after_idle: decay the window of an idle connection")
+
+
 class NetworkModel(Strict):
+    transport: Literal["tcp", "fluid"] = Field(
+        "tcp", description="tcp: congestion window per connection (slow start, idle restart, CUBIC, loss recovery, "
+                           "queues); fluid: every transfer at its max-min fair rate from its first byte")
+    tcp: TcpModel = Field(default_factory=TcpModel)
+    queue_ms: float = Field(100.0, ge=0, description="bottleneck buffer of links that name none, in ms of the link's rate")
     mss: int = Field(1448, ge=0, description="TCP payload bytes per segment; 0 disables framing")
     segment_overhead: int = Field(66, ge=0, description="header bytes per segment on the link")
     per_transfer_bytes: int = Field(0, ge=0)
-    rto_ms: float = Field(200.0, ge=0, description="delay each lost segment costs (Linux's minimum RTO)")
+    rto_ms: float = Field(200.0, ge=0, description="minimum RTO; fluid: the delay each lost segment costs")
+
+    @model_validator(mode="after")
+    def _tcp_needs_segments(self):
+        if self.transport == "tcp" and self.mss == 0:
+            raise ValueError("network.mss: the tcp transport counts its window in segments, so mss must be > 0 (or use transport: fluid)")
+        return self
 
 
 class Fault(Strict):

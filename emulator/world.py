@@ -3,7 +3,7 @@ which samples they hold, and how they are spread over host processes. Pure and s
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from . import devices as dev_model
 from .links import INF, Framing
 from .network import Fault, Link
 from .scenario import Scenario, ScenarioError
+from .transport import TcpParams
 
 
 @dataclass
@@ -47,7 +48,9 @@ class World:
     groups: dict[str, float]
     group_of: dict[str, list[str]]
     rto_s: float
-    ring: RingConfig | None = None  # topology ring: the gossip configuration (no server process)
+    ring: RingConfig | None = None
+    tcp: TcpParams | None = None  # None: the fluid transport
+    group_queue_s: dict[str, float] = field(default_factory=dict)  # topology ring: the gossip configuration (no server process)
 
 
 def mix_counts(shares: list[float], total: int) -> list[int]:
@@ -123,7 +126,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
                 raise ScenarioError(str(exc)) from None
             up = down = kbps * 1e3
         profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms, test_shards[i], sc.task.feature_noise * (i + 1) / n)
-        link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss)
+        link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms))
         spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
     names = {c.profile.name for c in clients} | {"server"}
@@ -134,10 +137,12 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         end = INF if f.duration_s is None else f.at_s + f.duration_s
         faults.append(Fault(f.kind, f.actor, f.at_s, end))
     groups: dict[str, float] = {}
+    group_queue_s: dict[str, float] = {}
     group_of: dict[str, list[str]] = {}
     for shared in sc.population.shared_links:
         groups[f"{shared.name}:up"] = mbps(shared.up_mbps)
         groups[f"{shared.name}:down"] = mbps(shared.down_mbps)
+        group_queue_s[f"{shared.name}:up"] = group_queue_s[f"{shared.name}:down"] = _queue_s(sc, shared.queue_ms)
         for c in clients:
             if c.link_name in shared.links:
                 group_of.setdefault(c.profile.name, []).append(shared.name)
@@ -166,11 +171,25 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     sl = sc.server.link
     return World(
         task=task, clients=clients,
-        server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0),
+        server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0, queue_s=_queue_s(sc, sl.queue_ms)),
         server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
         faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
+        tcp=_tcp_params(sc), group_queue_s=group_queue_s,
     )
+
+
+def _queue_s(sc: Scenario, queue_ms: float | None) -> float:
+    return (sc.network.queue_ms if queue_ms is None else queue_ms) / 1000.0
+
+
+def _tcp_params(sc: Scenario) -> TcpParams | None:
+    """None for the fluid transport."""
+    net = sc.network
+    if net.transport != "tcp":
+        return None
+    t = net.tcp
+    return TcpParams(t.initcwnd, t.beta, t.cubic_c, t.rwnd_bytes, t.restart_after_idle, net.rto_ms / 1000.0)
 
 
 def device_ms_per_sample(sc: Scenario, task: TaskSpec) -> list[float]:

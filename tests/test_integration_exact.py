@@ -39,13 +39,32 @@ eval: {{every: 1}}
 """
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("exact")
+SEG_BITS = 1514 * 8  # a full segment on the link
+INITCWND = 10
+
+
+@pytest.fixture(scope="module", params=["fluid", "tcp"])
+def run_dir(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"exact-{request.param}")
     out = tmp / "run"
-    res = run_cli("run", str(write_scenario(tmp / "s.yaml", SCENARIO)), "--out", str(out), timeout=120)
+    text = SCENARIO + f"network: {{transport: {request.param}}}\n"
+    res = run_cli("run", str(write_scenario(tmp / "s.yaml", text)), "--out", str(out), timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     return out
+
+
+def tcp_transfer_time(bits, rate, one_way):
+    """Slow start by hand: RTT = 2 x one-way + one segment's serialization. Rounds of 10, 20, 40 ...
+    segments go as bursts at the link rate and wait out the RTT, until a round's burst lasts the
+    whole RTT; from then on the link is busy. Every transfer here starts on a fresh or idle (more
+    than one RTO: the window is back at 10) connection."""
+    rtt = 2 * one_way + SEG_BITS / rate
+    t, window, left = 0.0, INITCWND, bits
+    while window * SEG_BITS / rate < rtt and left > window * SEG_BITS:
+        t += rtt
+        left -= window * SEG_BITS
+        window *= 2
+    return t + left / rate + one_way
 
 
 
@@ -62,7 +81,12 @@ def test_every_transfer_matches_link_arithmetic(run_dir):
         client = tr["dst"] if tr["kind"] == "task" else tr["src"]
         up, down, latency = LINKS[link_of[client]]
         rate = down if tr["kind"] == "task" else up  # the server's link is unlimited
-        expected = link_bytes(wire) * 8 / rate + latency + SERVER_LATENCY
+        fluid = link_bytes(wire) * 8 / rate + latency + SERVER_LATENCY
+        if "transport: tcp" in (run_dir.parent / "s.yaml").read_text():
+            expected = tcp_transfer_time(link_bytes(wire) * 8, rate, latency + SERVER_LATENCY)
+            assert expected > fluid + 0.0009  # slow start costs: the fast link's upload pays 2 RTT - 30 segments
+        else:
+            expected = fluid
         assert float(tr["t_end"]) - float(tr["t_start"]) == pytest.approx(expected, abs=1e-9)
 
 

@@ -1,22 +1,37 @@
-"""Fidelity of the link model against Linux kernel traffic shaping (tbf), root only.
+"""Fidelity of the link model against Linux kernel TCP, root only.
 
-    sudo python tools/validate_shaping.py [--rates 10,100,1000] [--sizes 65536,1048576,6920000] [--reps 5]
+    sudo python tools/validate_shaping.py --grid [--json]
+    sudo python tools/validate_shaping.py --rates 100 --delays-ms 50 --losses 0,0.005 --sizes 6654062 \\
+        --queues-ms 50 --idle-s 0,1 --models fluid,tcp --paths tcp,zmq --reps 5 --lossy-reps 9
 
-Creates two network namespaces joined by a veth pair, shapes the sender's side with a token
-bucket filter at each rate, sends each payload over TCP (and over ZeroMQ) from one namespace to
-the other, and measures the transfer time: from the first byte written until the receiver's one
-byte acknowledgement arrives. It runs the emulator's own link model (framing plus the max-min flow
-model) for the same payload and rate, and prints both times and the median emulated/kernel ratio
-per rate, size and transport. Everything it creates is removed again, also on error or Ctrl-C.
-When namespaces cannot be created (not root, no `ip`), it prints SKIPPED with the reason and exits 0.
-netem is not available here, so only rate is checked, not delay.
+Two network namespaces, A (sender) and B (receiver), are joined by tools/delayline.py: a
+user-space delay line that owns one TUN device on each side and forwards every IP packet after
+the one-way delay, dropping A->B packets at random with the given loss (seeded). `tbf` on A's TUN
+egress sets the rate, and its `latency` the bottleneck queue. (`--medium veth` joins them by a veth
+pair instead, for the no-delay, loss-free cross-check of the delay line.) Both ends use CUBIC,
+Linux's default, whatever this host's default is.
+
+Each case sends a payload from A to B, over a fresh TCP connection per repetition (`tcp` path;
+the 8-byte length header goes with the payload) or over one ZeroMQ REQ/REP connection (`zmq`), and
+times it from the first byte written until B's one-byte acknowledgement is back. With an idle gap
+(`--idle-s`), each repetition sends two payloads on one connection with that gap between the
+first's acknowledgement and the second, and times the second. The emulator's link model runs the
+same sequence (payload, acknowledgement, gaps) through the same flow model the network process
+uses, with the TUN link's framing (1500 bytes per 1448-byte segment), and the printed ratio is
+emulated/kernel of the medians. Lossy cases take `--lossy-reps` repetitions (the kernel's spread
+is large; it is printed) and the model draws as many seeds.
+
+It removes everything it created, also on error or Ctrl-C. Where namespaces or TUN devices cannot
+be created (not root, no `ip`/`tc`), it prints SKIPPED with the reason and exits 0.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -24,56 +39,75 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from emulator.links import Framing, FlowModel  # noqa: E402
+from emulator.links import INF, FlowModel, Framing, simulate  # noqa: E402
+from emulator.transport import TcpParams, TcpTransport  # noqa: E402
 
 ADDR_A, ADDR_B = "10.213.7.1", "10.213.7.2"
 PORT_TCP, PORT_ZMQ = 47011, 47012
 ACK = b"k"
 BUCKET_S = 100e-6  # tbf bucket: what the rate sends in 100 us (at least two full frames)
+HEADER = 8
+TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+GRID = {"rates": "5,20,100", "delays_ms": "0,10,40,150", "losses": "0,0.001,0.01", "sizes": "65536,1048576,6920000",
+        "lossless_queue_ms": "50", "lossy_queues_ms": "50,1000", "idle_s": "1.0"}
+TUN_FRAMING = Framing(mss=1448, segment_overhead=52)
+VETH_FRAMING = Framing(mss=1448, segment_overhead=66)
 
 
 # ---- the two ends (run inside the namespaces) ---------------------------------------------------
-def serve_tcp(port: int) -> None:
+def serve_tcp(port: int, cc: str) -> None:
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
     srv.bind(("0.0.0.0", port))
     srv.listen(4)
     print("ready", flush=True)
+    buf = bytearray(1 << 20)
     while True:
         conn, _ = srv.accept()
         with conn:
-            header = conn.recv(8, socket.MSG_WAITALL)
-            if len(header) < 8:
-                continue
-            size = int.from_bytes(header, "little")
-            if size == 0:
-                return
-            got = 0
-            buf = bytearray(1 << 20)
-            while got < size:
-                n = conn.recv_into(buf, min(len(buf), size - got))
-                if n == 0:
+            while True:  # messages on this connection, until a zero length or its end
+                header = conn.recv(HEADER, socket.MSG_WAITALL)
+                if len(header) < HEADER:
                     break
-                got += n
-            conn.sendall(ACK)
+                size = int.from_bytes(header, "little")
+                if size == 0:
+                    return
+                got = 0
+                while got < size:
+                    n = conn.recv_into(buf, min(len(buf), size - got))
+                    if n == 0:
+                        break
+                    got += n
+                conn.sendall(ACK)
 
 
-def send_tcp(host: str, port: int, size: int, reps: int, pause: float) -> list[float]:
-    payload = os.urandom(size)
+def send_tcp(host: str, port: int, size: int, reps: int, pause: float, idle: float, cc: str) -> list[float]:
+    payload = size.to_bytes(HEADER, "little") + os.urandom(size)
     times = []
     for _ in range(reps):
         time.sleep(pause)  # let the token bucket refill and the previous connection drain
-        conn = socket.create_connection((host, port))
+        conn = socket.socket()
+        conn.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.sendall(size.to_bytes(8, "little"))
-        t0 = time.perf_counter()
-        conn.sendall(payload)
-        conn.recv(1)
-        times.append(time.perf_counter() - t0)
+        conn.connect((host, port))
+        for i in range(2 if idle > 0 else 1):
+            if i:
+                time.sleep(idle)
+            t0 = time.perf_counter()
+            conn.sendall(payload)
+            conn.recv(1)
+            elapsed = time.perf_counter() - t0
+        times.append(elapsed)
         conn.close()
+    stop = socket.create_connection((host, port))
+    stop.sendall((0).to_bytes(HEADER, "little"))
+    stop.close()
     return times
 
 
@@ -91,7 +125,7 @@ def serve_zmq(port: int) -> None:
             return
 
 
-def send_zmq(host: str, port: int, size: int, reps: int, pause: float) -> list[float]:
+def send_zmq(host: str, port: int, size: int, reps: int, pause: float, idle: float, cc: str) -> list[float]:
     import zmq
 
     ctx = zmq.Context()
@@ -102,7 +136,7 @@ def send_zmq(host: str, port: int, size: int, reps: int, pause: float) -> list[f
     payload = os.urandom(size)
     times = []
     for _ in range(reps):
-        time.sleep(pause)
+        time.sleep(max(pause, idle))
         t0 = time.perf_counter()
         sock.send(payload, copy=False)
         sock.recv()
@@ -114,45 +148,134 @@ def send_zmq(host: str, port: int, size: int, reps: int, pause: float) -> list[f
 
 
 # ---- the model --------------------------------------------------------------------------------
-def emulated_seconds(size: int, rate_bps: float, framing: Framing) -> float:
-    """The emulator's answer for one transfer of `size` bytes alone on a link of `rate_bps`."""
-    flows = FlowModel({("up", "a"): rate_bps, ("down", "b"): float("inf")})
-    (fid, done_at, _), = flows.add(0, framing.link_bytes(size) * 8.0, (("up", "a"), ("down", "b")))
-    return done_at
+def emulated_seconds(model: str, path_kind: str, size: int, rate_bps: float, delay_s: float, loss: float,
+                     queue_s: float, idle_s: float, reps: int, pause: float, framing: Framing,
+                     params: TcpParams, seed: int = 0) -> list[float]:
+    """The emulator's answer for the same sequence the kernel ran: payload A->B then the one-byte
+    acknowledgement B->A; per repetition a fresh connection (tcp path) or one connection for all
+    (zmq path). Fluid: today's model (max-min rate, a lost segment costs its bytes and an RTO)."""
+    up_a, up_b = ("up", "a"), ("up", "b")
+    seg_bits = (framing.mss + framing.segment_overhead) * 8.0
+    data_bytes = size + (HEADER if path_kind == "tcp" else 9)  # our length header, or ZMTP's frame header
+    times = []
+    rng = np.random.default_rng([seed, size, int(rate_bps), int(delay_s * 1e6), int(loss * 1e6)])
+    conn_model = None
+    for rep in range(reps):
+        if model == "fluid":
+            fm = FlowModel({up_a: rate_bps})
+            segments = max(1, -(-data_bytes // framing.mss))
+            lost = int(rng.binomial(segments, loss)) if loss else 0
+            bits = (framing.link_bytes(data_bytes) + lost * (framing.mss + framing.segment_overhead)) * 8.0
+            out = simulate(fm, [dict(start=0.0, bits=bits, path=[up_a], latency=delay_s + lost * params.rto_min_s),
+                                dict(after=0, bits=framing.link_bytes(1) * 8.0, path=[up_b], latency=delay_s)])
+            first, ack = 0, 1
+            times.append(out[ack][1] - out[first][0])
+            continue
+        fresh = path_kind == "tcp" or conn_model is None
+        if fresh:
+            conn_model = FlowModel({up_a: rate_bps}, TcpTransport(params), queue_s={up_a: queue_s})
+        fm = conn_model
+        data = dict(bits=framing.link_bytes(data_bytes) * 8.0, path=[up_a], latency=delay_s, connection="ab",
+                    rtt=2 * delay_s, seg_bits=seg_bits, mss=framing.mss, loss=loss, rng=np.random.default_rng([seed, rep, 1]))
+        ack = dict(bits=framing.link_bytes(1) * 8.0, path=[up_b], latency=delay_s, connection="ba", rtt=2 * delay_s,
+                   seg_bits=seg_bits, mss=framing.mss)
+        gap = idle_s if path_kind == "tcp" else max(pause, idle_s)
+        t0 = fm.t + (gap if not fresh else 0.0)
+        if path_kind == "tcp" and idle_s > 0:
+            seq = [dict(start=t0, **data), dict(after=0, **ack), dict(after=1, gap=idle_s, **data), dict(after=2, **ack)]
+            first, last = 2, 3
+        else:
+            seq = [dict(start=t0, **data), dict(after=0, **ack)]
+            first, last = 0, 1
+        out = simulate(fm, seq)
+        times.append(out[last][1] - out[first][0])
+    return times
 
 
 # ---- namespaces -------------------------------------------------------------------------------
-class Namespaces:
-    def __init__(self) -> None:
+class Testbed:
+    """Two namespaces joined by the delay line over TUN (or by a veth pair)."""
+
+    def __init__(self, medium: str, cc: str) -> None:
         tag = os.getpid()
+        self.medium, self.cc = medium, cc
         self.a, self.b = f"flemu-a-{tag}", f"flemu-b-{tag}"
-        self.veth_a, self.veth_b = f"fva{tag}"[:15], f"fvb{tag}"[:15]
+        self.dev_a, self.dev_b = f"fla{tag}"[:15], f"flb{tag}"[:15]
         self.created: list[str] = []
+        self.line: subprocess.Popen | None = None
+        self.path_key: tuple | None = None
+        self.line_counts: dict = {}
 
     def ip(self, *args: str, ns: str | None = None) -> None:
         cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
         subprocess.run(cmd, check=True, capture_output=True, text=True)
 
-    def __enter__(self) -> "Namespaces":
+    def __enter__(self) -> "Testbed":
         for ns in (self.a, self.b):
             self.ip("ip", "netns", "add", ns)
             self.created.append(ns)
-        self.ip("ip", "link", "add", self.veth_a, "netns", self.a, "type", "veth", "peer", "name", self.veth_b, "netns", self.b)
-        for ns, dev, addr in ((self.a, self.veth_a, ADDR_A), (self.b, self.veth_b, ADDR_B)):
             self.ip("ip", "link", "set", "lo", "up", ns=ns)
-            self.ip("ip", "addr", "add", f"{addr}/30", "dev", dev, ns=ns)
-            self.ip("ip", "link", "set", dev, "up", ns=ns)
+        self._congestion_control()
+        if self.medium == "veth":
+            self.ip("ip", "link", "add", self.dev_a, "netns", self.a, "type", "veth", "peer", "name", self.dev_b, "netns", self.b)
+            for ns, dev, addr in ((self.a, self.dev_a, ADDR_A), (self.b, self.dev_b, ADDR_B)):
+                self.ip("ip", "addr", "add", f"{addr}/30", "dev", dev, ns=ns)
+                self.ip("ip", "link", "set", dev, "up", ns=ns)
         return self
 
-    def shape(self, rate_mbit: float) -> None:
-        """tbf on the sender's egress. A transfer starts with a full bucket, which leaves at line
-        rate: the bucket is kept small (BUCKET_S of the rate, at least two full frames) so that
-        this head start stays a small fraction of any transfer measured here."""
+    def _congestion_control(self) -> None:
+        """Make `cc` the default inside both namespaces (ZeroMQ cannot set it per socket). A
+        namespace may only pick an algorithm the host allows, so allow it for the moment."""
+        allowed_key = "net.ipv4.tcp_allowed_congestion_control"
+        allowed = subprocess.run(["sysctl", "-n", allowed_key], capture_output=True, text=True).stdout.split()
+        if self.cc not in allowed:
+            subprocess.run(["sysctl", "-qw", f"{allowed_key}={' '.join(allowed + [self.cc])}"], check=True)
+        try:
+            for ns in (self.a, self.b):
+                self.ip("sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.cc}", ns=ns)
+        finally:
+            if self.cc not in allowed:
+                subprocess.run(["sysctl", "-qw", f"{allowed_key}={' '.join(allowed)}"], check=True)
+
+    def path(self, delay_ms: float, loss: float, seed: int) -> None:
+        """(Re)start the delay line with this delay and loss."""
+        if self.medium == "veth":
+            if delay_ms or loss:
+                raise ValueError("--medium veth has no delay and no loss")
+            return
+        if self.path_key == (delay_ms, loss, seed):
+            return
+        self._stop_line()
+        self.line = subprocess.Popen([sys.executable, str(REPO / "tools" / "delayline.py"), "--ns-a", self.a, "--ns-b", self.b,
+                                      "--dev-a", self.dev_a, "--dev-b", self.dev_b, "--addr-a", ADDR_A, "--addr-b", ADDR_B,
+                                      "--delay-ms", str(delay_ms), "--loss", str(loss), "--seed", str(seed)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if self.line.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"delay line did not start: {self.line.stderr.read()}")
+        self.path_key = (delay_ms, loss, seed)
+        self.shaped = None
+
+    def _stop_line(self) -> None:
+        if self.line is not None:
+            self.line.terminate()
+            try:
+                out, _ = self.line.communicate(timeout=10)
+                self.line_counts = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+            except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+                self.line.kill()
+            self.line = None
+            self.path_key = None
+
+    def shape(self, rate_mbit: float, queue_ms: float) -> None:
+        """tbf on A's egress: the rate, and a queue of `queue_ms` at that rate. A transfer starts
+        with a full bucket, which leaves at line rate: the bucket is kept small (BUCKET_S of the
+        rate, at least two full frames) so that this head start is a small part of any transfer."""
         burst = max(3028, int(rate_mbit * 1e6 / 8 * BUCKET_S))
-        self.ip("tc", "qdisc", "replace", "dev", self.veth_a, "root", "tbf", "rate", f"{rate_mbit}mbit",
-                "burst", str(burst), "latency", "200ms", ns=self.a)
+        self.ip("tc", "qdisc", "replace", "dev", self.dev_a, "root", "tbf", "rate", f"{rate_mbit}mbit",
+                "burst", str(burst), "latency", f"{queue_ms}ms", ns=self.a)
 
     def __exit__(self, *exc) -> None:
+        self._stop_line()
         for ns in reversed(self.created):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
@@ -162,6 +285,8 @@ def why_not_possible() -> str | None:
         return "needs root to create network namespaces"
     if not shutil.which("ip") or not shutil.which("tc"):
         return "needs the ip and tc commands (iproute2)"
+    if not os.path.exists("/dev/net/tun"):
+        return "needs /dev/net/tun for the delay line"
     probe = f"flemu-probe-{os.getpid()}"
     res = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if res.returncode != 0:
@@ -170,16 +295,16 @@ def why_not_possible() -> str | None:
     return None
 
 
-def measure(ns: Namespaces, transport: str, size: int, reps: int, pause: float) -> list[float]:
-    port = PORT_TCP if transport == "tcp" else PORT_ZMQ
+def measure(bed: Testbed, path: str, size: int, reps: int, pause: float, idle: float) -> list[float]:
+    port = PORT_TCP if path == "tcp" else PORT_ZMQ
     me = [sys.executable, str(Path(__file__).resolve())]
-    server = subprocess.Popen(["ip", "netns", "exec", ns.b, *me, "--serve", transport, str(port)],
+    server = subprocess.Popen(["ip", "netns", "exec", bed.b, *me, "--serve", path, str(port), bed.cc],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError(f"receiver did not start: {server.stderr.read()}")
-        res = subprocess.run(["ip", "netns", "exec", ns.a, *me, "--send", transport, ADDR_B, str(port), str(size),
-                              str(reps), str(pause)], capture_output=True, text=True, timeout=600)
+        res = subprocess.run(["ip", "netns", "exec", bed.a, *me, "--send", path, ADDR_B, str(port), str(size),
+                              str(reps), str(pause), str(idle), bed.cc], capture_output=True, text=True, timeout=1800)
         if res.returncode != 0:
             raise RuntimeError(f"sender failed: {res.stderr}")
         return json.loads(res.stdout)
@@ -188,50 +313,126 @@ def measure(ns: Namespaces, transport: str, size: int, reps: int, pause: float) 
         server.wait()
 
 
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def cases(args) -> list[dict]:
+    """(rate, queue, delay, loss, idle) network settings with their sizes, in an order that
+    restarts the delay line as rarely as possible."""
+    out = []
+    idles = [0.0] + [i for i in floats(args.idle_s) if i > 0] if args.grid else floats(args.idle_s) or [0.0]
+    for delay, loss in itertools.product(floats(args.delays_ms), floats(args.losses)):
+        queues = floats(args.lossy_queues_ms if loss > 0 else args.lossless_queues_ms) if args.grid else floats(args.queues_ms)
+        for rate, queue in itertools.product(floats(args.rates), queues):
+            for size in [int(s) for s in floats(args.sizes)]:
+                for idle in idles:
+                    if args.grid and idle > 0 and not (loss == 0 and size == int(floats(args.sizes)[1])):
+                        continue  # the grid's idle-gap cases: loss-free, the middle payload size
+                    out.append(dict(rate=rate, queue=queue, delay=delay, loss=loss, size=size, idle=idle))
+    # cheap cases first (a long grid that is stopped early has the most cases done), keeping
+    # cases of one delay and loss together so that the delay line restarts rarely
+    cost = lambda c: (c["loss"] > 0, c["loss"], c["size"] > 2**21, c["delay"])  # noqa: E731
+    return sorted(out, key=cost)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rates", default="10,100,1000", help="Mbit/s, comma-separated")
-    ap.add_argument("--sizes", default="65536,1048576,6920000", help="payload bytes, comma-separated")
-    ap.add_argument("--transports", default="tcp,zmq")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--mss", type=int, default=Framing().mss)
-    ap.add_argument("--segment-overhead", type=int, default=Framing().segment_overhead)
-    ap.add_argument("--per-transfer-bytes", type=int, default=Framing().per_transfer_bytes)
-    ap.add_argument("--json", action="store_true", help="print the results as one JSON list")
-    ap.add_argument("--serve", nargs=2, metavar=("TRANSPORT", "PORT"), help=argparse.SUPPRESS)
-    ap.add_argument("--send", nargs=6, metavar=("TRANSPORT", "HOST", "PORT", "SIZE", "REPS", "PAUSE"), help=argparse.SUPPRESS)
+    ap.add_argument("--grid", action="store_true", help="the issue's grid: " + json.dumps(GRID))
+    ap.add_argument("--rates", default="100", help="Mbit/s, comma-separated")
+    ap.add_argument("--delays-ms", default="0", help="one-way delay, comma-separated")
+    ap.add_argument("--losses", default="0", help="A->B packet loss probability, comma-separated")
+    ap.add_argument("--queues-ms", default="50", help="bottleneck queue (tbf latency), comma-separated")
+    ap.add_argument("--sizes", default="1048576", help="payload bytes, comma-separated")
+    ap.add_argument("--idle-s", default="0", help="idle gap between two transfers on one connection (0: one transfer)")
+    ap.add_argument("--models", default="fluid,tcp", help="the emulator's transport models to compare")
+    ap.add_argument("--paths", default="tcp,zmq", help="tcp (a socket per repetition) and/or zmq (one connection)")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions of a loss-free case")
+    ap.add_argument("--lossy-reps", type=int, default=9, help="repetitions of a lossy case")
+    ap.add_argument("--pause", type=float, default=0.05, help="seconds between repetitions")
+    ap.add_argument("--medium", choices=("tun", "veth"), default="tun")
+    ap.add_argument("--cc", default="cubic", help="congestion control of both ends")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print one JSON record per case instead of the table")
+    ap.add_argument("--replay", metavar="FILE", help="recompute the emulated side of the records in FILE (--json output) without the kernel")
+    ap.add_argument("--serve", nargs=3, metavar=("PATH", "PORT", "CC"), help=argparse.SUPPRESS)
+    ap.add_argument("--send", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.serve:
-        (serve_tcp if args.serve[0] == "tcp" else serve_zmq)(int(args.serve[1]))
+        path, port, cc = args.serve
+        serve_tcp(int(port), cc) if path == "tcp" else serve_zmq(int(port))
         return 0
     if args.send:
-        transport, host, port, size, reps, pause = args.send
-        fn = send_tcp if transport == "tcp" else send_zmq
-        print(json.dumps(fn(host, int(port), int(size), int(reps), float(pause))))
+        path, host, port, size, reps, pause, idle, cc = args.send
+        fn = send_tcp if path == "tcp" else send_zmq
+        print(json.dumps(fn(host, int(port), int(size), int(reps), float(pause), float(idle), cc)))
         return 0
+    if args.grid:
+        args.rates, args.delays_ms, args.losses, args.sizes = GRID["rates"], GRID["delays_ms"], GRID["losses"], GRID["sizes"]
+        args.lossless_queues_ms, args.lossy_queues_ms, args.idle_s = GRID["lossless_queue_ms"], GRID["lossy_queues_ms"], GRID["idle_s"]
 
+    framing = TUN_FRAMING if args.medium == "tun" else VETH_FRAMING
+    params = TcpParams()
+    if args.replay:
+        return replay(args.replay, args, framing, params)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the namespaces are removed
     reason = why_not_possible()
     if reason:
         print(f"SKIPPED: {reason}")
         return 0
-    framing = Framing(args.mss, args.segment_overhead, args.per_transfer_bytes)
-    results = []
-    with Namespaces() as ns:
-        for rate in [float(r) for r in args.rates.split(",")]:
-            ns.shape(rate)
-            for size in [int(s) for s in args.sizes.split(",")]:
-                for transport in args.transports.split(","):
-                    kernel = statistics.median(measure(ns, transport, size, args.reps, pause=0.05))
-                    model = emulated_seconds(size, rate * 1e6, framing)
-                    results.append({"rate_mbit": rate, "bytes": size, "transport": transport, "reps": args.reps,
-                                    "kernel_s": kernel, "emulated_s": model, "ratio": model / kernel})
-                    if not args.json:
-                        r = results[-1]
-                        print(f"{rate:>7g} Mbit/s {size:>9,} B {transport:>4}: kernel {1000 * kernel:9.3f} ms  "
-                              f"emulated {1000 * model:9.3f} ms  ratio {r['ratio']:.4f}", flush=True)
-    if args.json:
-        print(json.dumps(results))
+    models = [m for m in args.models.split(",") if m]
+    with Testbed(args.medium, args.cc) as bed:
+        for case in cases(args):
+            bed.path(case["delay"], case["loss"], args.seed)
+            bed.shape(case["rate"], case["queue"])
+            reps = args.lossy_reps if case["loss"] > 0 else args.reps
+            for path in args.paths.split(","):
+                if args.grid and path == "zmq" and (case["idle"] > 0 or case["loss"] > 0):
+                    continue  # the grid runs ZeroMQ on the loss-free cases only (the long lossy ones take TCP)
+                kernel_times = measure(bed, path, case["size"], reps, args.pause, case["idle"])
+                for model in models:
+                    show(record(case, path, model, kernel_times, args, framing, params), args.json)
+    return 0
+
+
+def record(case: dict, path: str, model: str, kernel_times: list[float], args, framing: Framing, params: TcpParams) -> dict:
+    reps = len(kernel_times)
+    kernel = statistics.median(kernel_times)
+    em = statistics.median(emulated_seconds(model, path, case["size"], case["rate"] * 1e6, case["delay"] / 1000, case["loss"],
+                                            case["queue"] / 1000, case["idle"], reps, args.pause, framing, params, args.seed))
+    return {"rate_mbps": case["rate"], "delay_ms": case["delay"], "loss": case["loss"], "queue_ms": case["queue"],
+            "payload_bytes": case["size"], "idle_s": case["idle"], "model": model, "path": path, "reps": reps,
+            "kernel_s": kernel, "kernel_spread_s": max(kernel_times) - min(kernel_times), "kernel_min_s": min(kernel_times),
+            "kernel_max_s": max(kernel_times), "emulated_s": em, "ratio": em / kernel, "kernel_times": kernel_times}
+
+
+def show(rec: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rec), flush=True)
+        return
+    idle = f" idle {rec['idle_s']:g}s" if rec["idle_s"] else ""
+    print(f"{rec['rate_mbps']:>5g} Mbit/s {rec['delay_ms']:>4g} ms {100 * rec['loss']:>4g} % q{rec['queue_ms']:>5g} ms "
+          f"{rec['payload_bytes']:>9,} B{idle} {rec['path']:>4} {rec['model']:>5}: kernel {rec['kernel_s']:8.3f} s "
+          f"(spread {rec['kernel_spread_s']:.3f})  emulated {rec['emulated_s']:8.3f} s  ratio {rec['ratio']:.3f}", flush=True)
+
+
+def replay(path: str, args, framing: Framing, params: TcpParams) -> int:
+    """The emulated side again for kernel times measured earlier (after a change of the model)."""
+    models = [m for m in args.models.split(",") if m]
+    seen = set()
+    for line in Path(path).read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        old = json.loads(line)
+        case = dict(rate=old["rate_mbps"], delay=old["delay_ms"], loss=old["loss"], queue=old["queue_ms"],
+                    size=old["payload_bytes"], idle=old["idle_s"])
+        key = (tuple(case.values()), old["path"])
+        if key in seen:
+            continue
+        seen.add(key)
+        for model in models:
+            show(record(case, old["path"], model, old["kernel_times"], args, framing, params), args.json)
     return 0
 
 
