@@ -45,6 +45,7 @@ algorithm:
   batch_size: 20
   firma: {{{{variant: {{variant}}, epochs_head: 1, epochs_extractor: 1}}}}
 eval: {{{{every: 1}}}}
+network: {{{{transport: fluid}}}}  # the link arithmetic done by hand below is the fluid model's
 """
 
 
