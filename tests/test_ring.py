@@ -45,13 +45,15 @@ algorithm:
   batch_size: 20
   firma: {{{{variant: {{variant}}, epochs_head: 1, epochs_extractor: 1}}}}
 eval: {{{{every: 1}}}}
-network: {{{{transport: fluid}}}}  # the link arithmetic done by hand below is the fluid model's
+network: {{{{transport: {{transport}}}}}}
 """
 
 
-def run_ring(tmp, variant: str = "fibfl++", rounds: int = 3, timeout_s: float | None = None, cut: str | None = None):
-    """Run the 6-client ring; optionally with a pass timeout and with `cut`'s link down from 0.1 s."""
-    text = RING.format(rounds=rounds, variant=variant)
+def run_ring(tmp, variant: str = "fibfl++", rounds: int = 3, timeout_s: float | None = None, cut: str | None = None,
+             transport: str = "fluid"):
+    """Run the 6-client ring; optionally with a pass timeout and with `cut`'s link down from 0.1 s.
+    The link arithmetic done by hand in these tests is the fluid model's unless a test says otherwise."""
+    text = RING.format(rounds=rounds, variant=variant, transport=transport)
     if timeout_s is not None:
         text = text.replace("epochs_extractor: 1}", f"epochs_extractor: 1, pass_timeout_s: {timeout_s}}}")
     if cut is not None:
@@ -103,6 +105,47 @@ def test_the_head_never_travels_after_warmup(ring_run):
     assert gossip and all(int(t["payload_bytes"]) == 4 * EXTRACTOR for t in gossip)  # extractor only, fp32
     warm = [t for t in transfers if int(t["round"]) == 0]
     assert all(int(t["payload_bytes"]) == 4 * (EXTRACTOR + HEAD) for t in warm)  # warm-up: the full model
+
+
+@pytest.fixture(scope="module")
+def ring_run_tcp(tmp_path_factory):
+    return run_ring(tmp_path_factory.mktemp("ring-tcp"), transport="tcp")
+
+
+def test_under_tcp_the_warmup_windows_never_bind_and_one_connection_is_one_stream(ring_run_tcp):
+    """The tcp twin of the warm-up arithmetic. RTT = 2 x (10 + 10) ms + one segment at 8 Mbit/s =
+    41.5 ms. Every warm-up flow shares a link five ways (1.6 Mbit/s), where a first round of 10
+    segments lasts 75.7 ms, longer than the RTT: the window covers the path from the start and slow
+    start costs nothing. What differs from the fluid model: the aggregator's pass-1 gossip to its two
+    neighbours goes on the connections that still carry their warm-up models, so it waits behind
+    them (one byte stream per connection) and takes no share: all five models get 1.6 Mbit/s to the end."""
+    seg_bits = 1514 * 8
+    rtt = 4 * LATENCY_S + seg_bits / UP_BPS
+    assert 10 * seg_bits / (UP_BPS / 5) > rtt
+    order = json.loads((ring_run_tcp / "summary.json").read_text())["ring"]["order"]
+    agg = order[0]
+    transfers = read_csv(ring_run_tcp / "transfers.csv")
+    warm = [t for t in transfers if int(t["round"]) == 0]
+    ups = [t for t in warm if t["kind"] == "warmup_update"]
+    downs = {t["dst"]: t for t in warm if t["kind"] == "warmup_model"}
+    train_s = MS_PER_SAMPLE * SAMPLES / 1000
+    for t in ups:
+        expected = train_s + 8 * link_bytes(int(t["wire_bytes"])) / (UP_BPS / 5) + 2 * LATENCY_S
+        assert float(t["t_end"]) == pytest.approx(expected, rel=1e-9)
+    t0 = max(float(t["t_end"]) for t in ups)
+    for t in downs.values():
+        assert float(t["t_start"]) == pytest.approx(t0, rel=1e-12)
+        expected = t0 + 8 * int(t["link_bytes"]) / (UP_BPS / 5) + 2 * LATENCY_S
+        assert float(t["t_end"]) == pytest.approx(expected, rel=1e-9)
+    gossip = [t for t in transfers if t["kind"] == "gossip" and t["src"] == agg and int(t["round"]) == 1]
+    first = {}
+    for t in sorted(gossip, key=lambda t: float(t["t_start"])):
+        first.setdefault(t["dst"], t)
+    assert len(first) == 2
+    for dst, t in first.items():
+        assert float(t["t_start"]) == pytest.approx(t0 + 2 * train_s)  # sent when its round-1 training ended
+        # it leaves only after the warm-up model ahead of it on the same connection has left
+        assert float(t["t_end"]) > float(downs[dst]["t_end"]) + 8 * link_bytes(int(t["wire_bytes"])) / UP_BPS
 
 
 def test_warmup_fedavg_through_the_elected_peer_matches_link_arithmetic(ring_run):

@@ -354,6 +354,7 @@ def main() -> int:
     ap.add_argument("--cc", default="cubic", help="congestion control of both ends")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print one JSON record per case instead of the table")
+    ap.add_argument("--resume", metavar="FILE", help="skip the cases (and paths) that FILE (--json output) already has")
     ap.add_argument("--replay", metavar="FILE", help="recompute the emulated side of the records in FILE (--json output) without the kernel")
     ap.add_argument("--serve", nargs=3, metavar=("PATH", "PORT", "CC"), help=argparse.SUPPRESS)
     ap.add_argument("--send", nargs=8, help=argparse.SUPPRESS)
@@ -382,14 +383,19 @@ def main() -> int:
         print(f"SKIPPED: {reason}")
         return 0
     models = [m for m in args.models.split(",") if m]
+    done = measured(args.resume) if args.resume else set()
     with Testbed(args.medium, args.cc) as bed:
         for case in cases(args):
+            if all((case_key(case), path) in done for path in args.paths.split(",")):
+                continue
             bed.path(case["delay"], case["loss"], args.seed)
             bed.shape(case["rate"], case["queue"])
             reps = args.lossy_reps if case["loss"] > 0 else args.reps
             for path in args.paths.split(","):
                 if args.grid and path == "zmq" and (case["idle"] > 0 or case["loss"] > 0):
                     continue  # the grid runs ZeroMQ on the loss-free cases only (the long lossy ones take TCP)
+                if (case_key(case), path) in done:
+                    continue
                 kernel_times = measure(bed, path, case["size"], reps, args.pause, case["idle"])
                 for model in models:
                     show(record(case, path, model, kernel_times, args, framing, params), args.json)
@@ -417,6 +423,22 @@ def show(rec: dict, as_json: bool) -> None:
           f"(spread {rec['kernel_spread_s']:.3f})  emulated {rec['emulated_s']:8.3f} s  ratio {rec['ratio']:.3f}", flush=True)
 
 
+def case_key(case: dict) -> tuple:
+    return tuple(float(case[k]) for k in ("rate", "delay", "loss", "queue", "size", "idle"))
+
+
+def record_case(rec: dict) -> dict:
+    return dict(rate=rec["rate_mbps"], delay=rec["delay_ms"], loss=rec["loss"], queue=rec["queue_ms"],
+                size=rec["payload_bytes"], idle=rec["idle_s"])
+
+
+def measured(path: str) -> set:
+    if not Path(path).exists():
+        return set()
+    recs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.startswith("{")]
+    return {(case_key(record_case(r)), r["path"]) for r in recs}
+
+
 def replay(path: str, args, framing: Framing, params: TcpParams) -> int:
     """The emulated side again for kernel times measured earlier (after a change of the model)."""
     models = [m for m in args.models.split(",") if m]
@@ -425,9 +447,8 @@ def replay(path: str, args, framing: Framing, params: TcpParams) -> int:
         if not line.startswith("{"):
             continue
         old = json.loads(line)
-        case = dict(rate=old["rate_mbps"], delay=old["delay_ms"], loss=old["loss"], queue=old["queue_ms"],
-                    size=old["payload_bytes"], idle=old["idle_s"])
-        key = (tuple(case.values()), old["path"])
+        case = record_case(old)
+        key = (case_key(case), old["path"])
         if key in seen:
             continue
         seen.add(key)
