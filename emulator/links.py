@@ -44,34 +44,44 @@ def max_min_rates(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashabl
 
 def max_min_fill(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable, float]) -> tuple[list[float], list[Hashable | None]]:
     """Max-min fair rates and, for each flow, the link whose saturation fixed its rate (None when
-    nothing constrains it)."""
-    rates = [INF] * len(paths)
-    bottleneck: list[Hashable | None] = [None] * len(paths)
-    remaining = {link: float(capacity.get(link, INF)) for path in paths for link in path}
-    users: dict[Hashable, set[int]] = {}
+    nothing constrains it). Water-filling with a heap of links by fair share: the link with the
+    smallest share fixes all its unfixed flows at that share, which updates only the links on their
+    paths, so each flow is fixed once: O(flows x path length x log links)."""
+    import heapq
+
+    n = len(paths)
+    rates = [INF] * n
+    bottleneck: list[Hashable | None] = [None] * n
+    remaining: dict[Hashable, float] = {}
+    users: dict[Hashable, list[int]] = {}
     for i, path in enumerate(paths):
         for link in set(path):
-            if remaining[link] < INF:
-                users.setdefault(link, set()).add(i)
-    active = set(range(len(paths)))
-    while active:
-        shares = {link: remaining[link] / len(us & active) for link, us in users.items() if us & active}
-        if not shares:
-            break
-        best = min(shares.values())
-        fixed: set[int] = set()
-        for link, share in shares.items():
-            if share <= best * (1 + 1e-12):
-                for i in users[link] & active:
-                    if i not in fixed:
-                        fixed.add(i)
-                        bottleneck[i] = link
-        for i in fixed:
-            rates[i] = max(best, 0.0)
-            for link in set(paths[i]):
-                if link in users:
-                    remaining[link] -= best
-        active -= fixed
+            cap = capacity.get(link, INF)
+            if cap < INF:
+                remaining[link] = float(cap)
+                users.setdefault(link, []).append(i)
+    count = {link: len(us) for link, us in users.items()}
+    order = {link: k for k, link in enumerate(users)}  # ties go by first appearance, deterministically
+    heap = [(remaining[link] / count[link], order[link], link) for link in users]
+    heapq.heapify(heap)
+    fixed = [False] * n
+    while heap:
+        share, _, link = heapq.heappop(heap)
+        if count[link] == 0 or share != remaining[link] / count[link]:
+            continue  # stale entry
+        share = max(share, 0.0)
+        for i in users[link]:
+            if fixed[i]:
+                continue
+            fixed[i] = True
+            rates[i] = share
+            bottleneck[i] = link
+            for other in set(paths[i]):
+                if other in count:
+                    remaining[other] -= share
+                    count[other] -= 1
+                    if other != link and count[other] > 0:
+                        heapq.heappush(heap, (remaining[other] / count[other], order[other], other))
     return rates, bottleneck
 
 
@@ -85,7 +95,8 @@ class Flow:
     tcp: TcpState | None = None
     active: bool = True  # False while it waits for its connection (messages on one connection go in order)
     share: float = 0.0  # its last fair share not held down by its own window (bit/s)
-    bottleneck: Hashable | None = None
+    bottleneck: Hashable | None = None  # what fixed its rate: a link, its window ("window", id), or None
+    link_bottleneck: Hashable | None = None  # the last link that fixed its rate
 
     @property
     def floor(self) -> float:
@@ -163,15 +174,23 @@ class FlowModel:
                 self.transport.sent(flow, bits)
         if flow.tcp:
             allowance = self._queue_allowance(flow)
+            held = flow.bottleneck == ("window", fid)
             self.transport.fire(flow, self.t, flow.share * flow.tcp.rtt_base, allowance)
         if flow.remaining_bits <= EPS_BITS:
             return True, []
+        if flow.tcp and not held and flow.rate > 0 and self.transport.cap(flow, self.t) >= flow.rate:
+            # its window neither held it back nor does now: every rate stays as it is (only the
+            # queue its window holds may have changed)
+            self._standing_queues([f for f, fl in self.flows.items() if fl.active])
+            flow.version += 1
+            flow.done_at = self.transport.next_event(flow, self.t)
+            return False, [(fid, flow.done_at, flow.version)] if flow.done_at < INF else []
         flow.done_at = INF  # forces a fresh schedule
         return False, self._rebalance(force=fid)
 
     def _queue_allowance(self, flow: Flow) -> float:
         """Bits of its bottleneck's buffer that fall to this flow: its part of the link's rate."""
-        link = flow.bottleneck
+        link = flow.link_bottleneck
         cap = self.capacity.get(link, INF) if link is not None else INF
         if cap >= INF or flow.share <= 0:
             return 0.0
@@ -207,8 +226,9 @@ class FlowModel:
         for fid, rate, link in zip(ids, rates, bottlenecks):
             flow = self.flows[fid]
             limited = link == ("window", fid)
+            flow.bottleneck = link
             if not limited:
-                flow.bottleneck = link
+                flow.link_bottleneck = link
                 if rate > 0:
                     flow.share = rate
             if flow.tcp:
@@ -239,11 +259,11 @@ class FlowModel:
         for fid in ids:
             flow = self.flows[fid]
             st = flow.tcp
-            if st is None or st.phase != "ca" or st.limited or flow.bottleneck is None or flow.rate >= INF:
+            if st is None or st.phase != "ca" or st.limited or flow.link_bottleneck is None or flow.rate >= INF:
                 continue
             excess = st.conn.cwnd * st.seg_bits - flow.rate * st.rtt_base
             if excess > 0:
-                held[flow.bottleneck] = held.get(flow.bottleneck, 0.0) + excess
+                held[flow.link_bottleneck] = held.get(flow.link_bottleneck, 0.0) + excess
                 own[fid] = excess
         self.qdelay = {}
         fill: dict[Hashable, float] = {}  # how much of what the windows hold the buffer can take
@@ -257,7 +277,7 @@ class FlowModel:
             flow = self.flows[fid]
             if flow.tcp:
                 flow.tcp.qdelay = sum(self.qdelay.get(link, 0.0) for link in flow.path)
-                link = flow.bottleneck
+                link = flow.link_bottleneck
                 flow.tcp.own_qdelay = own[fid] * fill[link] / self.capacity[link] if fid in own and link in fill else 0.0
 
 

@@ -60,6 +60,7 @@ class TcpParams:
     rwnd_bytes: int = 3 * 2**20
     restart_after_idle: bool = True
     rto_min_s: float = 0.2
+    growth_step: float = 0.05  # a window-limited flow's rate steps when CUBIC has grown its window by this fraction
 
 
 # ---- pure window arithmetic ------------------------------------------------------------------
@@ -222,10 +223,11 @@ class TcpTransport:
         if st.phase == "ca":
             was = st.limited
             st.limited = limited
-            if st.limited and not was:
-                st.round_end = now + st.rtt  # growth resumes from here (Linux: only while cwnd-limited)
+            if st.limited and not was:  # growth resumes from here (Linux: only while cwnd-limited)
                 st.conn.epoch = now
                 st.conn.origin = st.conn.cwnd
+                # the rate was just set from the window as it is: the first step keeps it
+                self._next_growth_step(st, now, mean=False)
 
     def next_event(self, flow, now: float) -> float:
         st: TcpState = flow.tcp
@@ -276,9 +278,23 @@ class TcpTransport:
                     st.budget = w * st.seg_bits
                     st.round_end = now + st.rtt
         elif st.phase == "ca" and st.limited and now >= st.round_end - 1e-12:
-            # grows only while it limits the flow, so it overshoots what covers the path by at most one RTT's growth
-            conn.cwnd = max(conn.cwnd, min(self.window(st, now), self._rwnd(st)))
-            st.round_end = now + st.rtt
+            self._next_growth_step(st, now)
+
+    def _next_growth_step(self, st: TcpState, now: float, mean: bool = True) -> None:
+        """CUBIC's growth of a window-limited flow as rate steps: the next step is the first RTT
+        boundary where the window has grown by `growth_step` (at most 64 RTTs on), and until then
+        the flow sends with the mean of the window at both ends of the step, so the bits it moves
+        match the curve's to second order. It grows only while it limits the flow, so it overshoots
+        what covers the path by at most one step."""
+        conn = st.conn
+        rwnd = self._rwnd(st)
+        start = max(conn.cwnd, min(self.window(st, now), rwnd)) if now > conn.epoch else conn.cwnd
+        end, k = start, 0
+        while k < 64 and end < start * (1 + self.p.growth_step) and end < rwnd:
+            k += 1
+            end = min(self.window(st, now + k * st.rtt), rwnd)
+        conn.cwnd = max(start, (start + end) / 2) if mean else start
+        st.round_end = now + max(1, k) * st.rtt
 
     def _rwnd(self, st: TcpState) -> float:
         return max(float(self.p.initcwnd), self.p.rwnd_bytes / st.mss)

@@ -174,14 +174,19 @@ def test_a_loss_the_queue_cannot_cover_holds_the_rate_below_the_link():
     loss_at = next(i for i in range(1, len(steps)) if steps[i][2] < steps[i - 1][2])
     t_loss, rate_after, w_after = steps[loss_at]
     assert steps[loss_at - 1][2] == 80
-    assert w_after == pytest.approx(56)
-    assert rate_after == pytest.approx(56 * SEG / rtt)
     # the loss is the 500th segment: 70 went in slow start's first three rounds, 430 at line rate
     assert t_loss == pytest.approx(3 * rtt + 429.5 * SEG / 8e6, abs=1e-9)
+    # CUBIC regrows from 56 (W_max 80): the first rate step sends with 56 until, k whole RTTs on,
+    # the window is 5 % larger; each later step sends with the mean window of its two ends
+    assert w_after == pytest.approx(56) and rate_after == pytest.approx(56 * SEG / rtt)
+    k = next(k for k in range(1, 65) if cubic_window(k * rtt, 80, 56, rtt) >= 56 * 1.05)
     regrowth = steps[loss_at:]
-    assert all(b[0] == pytest.approx(a[0] + rtt, abs=1e-9) for a, b in zip(regrowth, regrowth[1:]))
+    assert regrowth[1][0] == pytest.approx(t_loss + k * rtt, abs=1e-9)
+    gaps = [(b[0] - a[0]) / rtt for a, b in zip(regrowth, regrowth[1:])]
+    assert all(abs(g - round(g)) < 1e-6 and round(g) >= 1 for g in gaps)  # steps fall on whole RTTs
     assert all(b[2] > a[2] and b[1] > a[1] for a, b in zip(regrowth, regrowth[1:]))
     assert regrowth[-1][1] == 8e6 and regrowth[-2][1] < 8e6
+    assert len(regrowth) < 15  # a handful of rate steps, not one per RTT
 
 
 def tail_rtt():
