@@ -26,9 +26,9 @@ it send:
   cannot leave before the retransmission does, one RTT after the loss when at least three segments
   follow it (SACK fast retransmit), 1.25 RTT with one or two (RACK's reordering window), 2 RTT when
   it was the last segment (Linux's tail loss probe). A lost retransmission costs an RTO.
-- Idle restart: a connection idle for more than one RTO (srtt + rto_min) halves its window per RTO
-  of idleness, down to the initial window, and slow-starts back to 3/4 of what it had
-  (tcp_slow_start_after_idle=1, Linux's tcp_cwnd_restart).
+- Idle restart: a connection idle for more than one RTO halves its window per RTO of idleness, down to the initial window, and slow-starts back to 3/4 of what it had
+  (tcp_slow_start_after_idle=1, Linux's tcp_cwnd_restart). The RTO is Linux's for a steady RTT: 3 RTT
+  after the first sample, its variance term decaying by a quarter per RTT to srtt + rto_min.
 - Queues: each link has a buffer (seconds of its rate). The part of a flow's window beyond its
   share of the path's BDP stands in the queue of its bottleneck link and adds queueing delay to the
   RTT of every flow through that link.
@@ -88,10 +88,12 @@ def idle_restart(cwnd: float, idle_s: float, rto_s: float, initcwnd: float) -> f
     return max(cwnd, restart)
 
 
-def rto(srtt: float, rto_min_s: float) -> float:
-    """Linux's RTO for a steady RTT: srtt + max(4 rttvar, rto_min), the variance term being at
-    its floor."""
-    return srtt + rto_min_s
+def rto(srtt: float, rto_min_s: float, rtts_measured: float = INF) -> float:
+    """Linux's RTO, srtt + max(rttvar, rto_min), for a steady RTT: the first sample sets rttvar
+    to 2 srtt (an RTO of 3 RTT), and with no variance it decays by a quarter per RTT of samples
+    (tcp_rtt_estimator) down to the rto_min floor."""
+    rttvar = 2 * srtt * 0.75 ** rtts_measured if rtts_measured < INF else 0.0
+    return srtt + max(rto_min_s, rttvar)
 
 
 def after_loss(cwnd: float, w_max: float, beta: float) -> tuple[float, float]:
@@ -121,7 +123,9 @@ class Connection:
     origin: float = 0.0
     epoch: float = 0.0
     srtt: float = 0.0
+    rtts: float = 0.0  # RTTs of samples the connection has had (its RTO estimate settles with them)
     last_send: float = -INF
+    sending_since: float = 0.0
     active: Hashable | None = None
     waiting: deque = field(default_factory=deque)
 
@@ -174,8 +178,9 @@ class TcpTransport:
             st.phase = "open"
             return
         conn.srtt = conn.srtt or st.rtt_base
+        conn.sending_since = now
         idle = now - conn.last_send
-        rto_s = rto(conn.srtt, self.p.rto_min_s)
+        rto_s = rto(conn.srtt, self.p.rto_min_s, conn.rtts)
         if self.p.restart_after_idle and conn.last_send > -INF and idle > rto_s:
             conn.ssthresh = max(conn.ssthresh if conn.ssthresh < INF else 0.0, 0.75 * conn.cwnd)
             conn.cwnd = idle_restart(conn.cwnd, idle, rto_s, self.p.initcwnd)
@@ -308,7 +313,7 @@ class TcpTransport:
         segments_after = int(max(0.0, flow.remaining_bits - st.seg_bits) // st.seg_bits)
         floor = now + recovery_delay(st.rtt, segments_after)
         if st.rng.random() < st.loss:  # the retransmission is lost too: only the RTO recovers it
-            floor += rto(st.rtt, self.p.rto_min_s)
+            floor += rto(st.rtt, self.p.rto_min_s, st.conn.rtts + (now - st.conn.sending_since) / st.rtt)
         st.floor = max(st.floor, floor)
         if now >= st.recovery_until:  # one window cut per recovery episode
             st.recovery_until = now + st.rtt
@@ -330,5 +335,7 @@ class TcpTransport:
     def end(self, flow, now: float) -> None:
         st: TcpState = flow.tcp
         conn = st.conn
+        if st.rtt > 0:
+            conn.rtts += (now - conn.sending_since) / st.rtt + 1  # its acknowledgements are one more RTT of samples
         conn.last_send = now
         conn.active = None
