@@ -76,7 +76,10 @@ def test_loss_cut_fast_convergence_rto_and_recovery_delay():
     assert after_loss(100, 0, 0.7) == (pytest.approx(70), 100)
     assert after_loss(80, 100, 0.7) == (pytest.approx(56), pytest.approx(68))  # lost below its last maximum
     assert after_loss(2, 0, 0.7) == (2.0, 2)
-    assert rto(0.1, 0.2) == pytest.approx(0.3)
+    assert rto(0.1, 0.2) == pytest.approx(0.3)  # settled: srtt + rto_min
+    assert rto(0.3, 0.2, 0) == pytest.approx(0.9)  # first sample: 3 RTT
+    assert rto(0.3, 0.2, 2) == pytest.approx(0.3 + 0.6 * 0.75**2)  # the variance decays a quarter per RTT
+    assert rto(0.3, 0.2, 10) == pytest.approx(0.5)  # down to the floor
     assert recovery_delay(0.1, 5) == pytest.approx(0.1)
     assert recovery_delay(0.1, 2) == pytest.approx(0.125)
     assert recovery_delay(0.1, 0) == pytest.approx(0.2)
