@@ -172,13 +172,14 @@ class FlowModel:
             flow.remaining_bits -= bits
             if flow.tcp:
                 self.transport.sent(flow, bits)
-        if flow.tcp:
-            allowance = self._queue_allowance(flow)
-            held = flow.bottleneck == ("window", fid)
-            self.transport.fire(flow, self.t, flow.share * flow.tcp.rtt_base, allowance)
+        self._snap(flow)
+        if flow.tcp is None:
+            return True, []  # the fluid model's only event is the last bit
+        held = flow.bottleneck == ("window", fid)
+        self.transport.fire(flow, self.t, flow.share * flow.tcp.rtt_base, self._queue_allowance(flow))
         if flow.remaining_bits <= EPS_BITS:
             return True, []
-        if flow.tcp and not held and flow.rate > 0 and self.transport.cap(flow, self.t) >= flow.rate:
+        if not held and flow.rate > 0 and self.transport.cap(flow, self.t) >= flow.rate:
             # its window neither held it back nor does now: every rate stays as it is (only the
             # queue its window holds may have changed)
             self._standing_queues([f for f, fl in self.flows.items() if fl.active])
@@ -187,6 +188,22 @@ class FlowModel:
             return False, [(fid, flow.done_at, flow.version)] if flow.done_at < INF else []
         flow.done_at = INF  # forces a fresh schedule
         return False, self._rebalance(force=fid)
+
+    def _snap(self, flow: Flow) -> None:
+        """What is left to send at an event that falls due now is zero when sending it would not
+        move the clock: below one ulp of the time, t + bits/rate == t, and the event would come
+        back at the same time for ever."""
+        if not 0 < flow.rate < INF:
+            return
+        tol = flow.rate * math.ulp(max(abs(self.t), 1.0)) * 4 + EPS_BITS
+        if flow.remaining_bits <= tol:
+            flow.remaining_bits = 0.0
+        if flow.tcp:
+            st = flow.tcp
+            if st.budget <= tol:
+                st.budget = 0.0
+            if st.loss_in <= tol:
+                st.loss_in = 0.0
 
     def _queue_allowance(self, flow: Flow) -> float:
         """Bits of its bottleneck's buffer that fall to this flow: its part of the link's rate."""
