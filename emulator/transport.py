@@ -8,11 +8,12 @@ it send:
 - Slow start sends in rounds. Round k may send W_k segments as one burst at the fair share (Linux
   CUBIC does not pace without fq), then waits for the round's first acknowledgement, one RTT after
   the round began. W doubles per round (delayed ACKs with ABC give 2 per ACK of 2) until a round's
-  burst lasts the whole RTT: then the window covers the flow's share of the path. Slow start ends
-  there, with W = min(2 W_k, BDP + min(BDP, the flow's part of the bottleneck queue)): Linux grows
-  the window in slow start only while it is below twice what is in flight, HyStart (on by default)
-  leaves slow start about then without losses, and a window past BDP + queue would overflow the
-  buffer. That is a handful of rate steps, one per RTT.
+  burst lasts the whole RTT: then the window covers the flow's share of the path, and slow start
+  ends with W = min(2 W_k, BDP + min(BDP, the flow's part of the bottleneck queue)): Linux grows it
+  in slow start only while it is below twice what is in flight, and past BDP + buffer the queue
+  would overflow. HyStart's ACK-train test (on by default) ends it earlier, at W_k + BDP/2, once a
+  round's ACKs (two segments each, at most 2 ms apart: a share above 12 Mbit/s) last more than
+  half the RTT. That is a handful of rate steps, one per RTT.
 - Congestion avoidance follows CUBIC's window, W(t) = C (t - K)^3 + W_max, with its TCP-friendly
   floor W_max*beta + 3(1 - beta)/(1 + beta) t/RTT, capped at BDP + queue (no buffer-overflow
   sawtooth is modelled) and at the receive window. A window-limited flow gets its rate W/RTT stepped
@@ -61,6 +62,8 @@ class TcpParams:
     restart_after_idle: bool = True
     rto_min_s: float = 0.2
     growth_step: float = 0.05  # a window-limited flow's rate steps when CUBIC has grown its window by this fraction
+    hystart: bool = True  # HyStart's ACK-train test (Linux CUBIC's default): leave slow start at the BDP
+    hystart_ack_delta_s: float = 0.002  # ...when delayed ACKs (2 segments) come at most this far apart
 
 
 # ---- pure window arithmetic ------------------------------------------------------------------
@@ -89,11 +92,12 @@ def idle_restart(cwnd: float, idle_s: float, rto_s: float, initcwnd: float) -> f
 
 
 def rto(srtt: float, rto_min_s: float, rtts_measured: float = INF) -> float:
-    """Linux's RTO, srtt + max(rttvar, rto_min), for a steady RTT: the first sample sets rttvar
-    to 2 srtt (an RTO of 3 RTT), and with no variance it decays by a quarter per RTT of samples
-    (tcp_rtt_estimator) down to the rto_min floor."""
-    rttvar = 2 * srtt * 0.75 ** rtts_measured if rtts_measured < INF else 0.0
-    return srtt + max(rto_min_s, rttvar)
+    """Linux's RTO, srtt + rttvar, for a steady RTT (tcp_rtt_estimator): the first sample sets
+    rttvar to 2 srtt (an RTO of 3 RTT); once per RTT it moves a quarter of the way to the largest
+    deviation of that RTT, which is floored at rto_min, so it decays towards rto_min."""
+    first = max(2 * srtt, rto_min_s)
+    rounds = max(0.0, rtts_measured - 1) if rtts_measured < INF else INF
+    return srtt + rto_min_s + (first - rto_min_s) * (0.75 ** rounds if rounds < INF else 0.0)
 
 
 def after_loss(cwnd: float, w_max: float, beta: float) -> tuple[float, float]:
@@ -267,11 +271,16 @@ class TcpTransport:
         if st.loss_in <= EPS_BITS:
             self._on_loss(flow, now, share_bits_per_rtt)
         if st.phase == "ss" and now >= st.round_end - 1e-12:
-            if st.budget > EPS_BITS:  # the round's burst outlasted the RTT: the window covers the path
-                # Linux grows it in slow start only while it is below twice what is in flight, and
-                # past BDP + buffer it would overflow the queue
-                cover = (share_bits_per_rtt + min(queue_allowance_bits, share_bits_per_rtt)) / st.seg_bits
-                w = min(2 * conn.cwnd, max(conn.cwnd, cover), self._rwnd(st))
+            if self._hystart_fires(st, share_bits_per_rtt):
+                # the round's ACK train outlasted half the RTT: HyStart ends slow start with the
+                # window grown by the ACKs of that half RTT
+                bdp = share_bits_per_rtt / st.seg_bits
+                w = min(2 * conn.cwnd, conn.cwnd + bdp / 2, self._rwnd(st))
+                conn.ssthresh = w
+                self._enter_ca(st, now, w)
+            elif st.budget > EPS_BITS:  # the round's burst outlasted the RTT: the window covers the path
+                w = min(2 * conn.cwnd, max(conn.cwnd, self._slow_start_exit(st, share_bits_per_rtt, queue_allowance_bits)),
+                        self._rwnd(st))
                 conn.ssthresh = w
                 self._enter_ca(st, now, w)
             else:
@@ -300,6 +309,22 @@ class TcpTransport:
             end = min(self.window(st, now + k * st.rtt), rwnd)
         conn.cwnd = max(start, (start + end) / 2) if mean else start
         st.round_end = now + max(1, k) * st.rtt
+
+    def _slow_start_exit(self, st: TcpState, share_bits_per_rtt: float, queue_allowance_bits: float) -> float:
+        """The window slow start ends at once its bursts fill the path (and HyStart did not end it
+        before): Linux grows it while it is below twice what is in flight, up to the BDP plus the
+        buffer, past which the queue overflows."""
+        bdp = share_bits_per_rtt / st.seg_bits
+        return bdp + min(queue_allowance_bits / st.seg_bits, bdp)
+
+    def _hystart_fires(self, st: TcpState, share_bits_per_rtt: float) -> bool:
+        """HyStart's ACK-train test: the ACKs of this round's burst (two segments each) come at most
+        hystart_ack_delta_s apart, which needs a share above 12 Mbit/s, and the train lasts more
+        than half the RTT."""
+        if not self.p.hystart or st.rtt_base <= 0 or share_bits_per_rtt <= 0:
+            return False
+        share = share_bits_per_rtt / st.rtt_base
+        return 2 * st.seg_bits / share <= self.p.hystart_ack_delta_s and st.conn.cwnd * st.seg_bits / share >= st.rtt / 2
 
     def _rwnd(self, st: TcpState) -> float:
         return max(float(self.p.initcwnd), self.p.rwnd_bytes / st.mss)
@@ -335,6 +360,10 @@ class TcpTransport:
     def end(self, flow, now: float) -> None:
         st: TcpState = flow.tcp
         conn = st.conn
+        if st.phase == "ss" and st.budget < INF:
+            # slow start grows the window per ACK: the acknowledgements of this round's segments,
+            # still on their way, add one segment each
+            conn.cwnd = min(conn.ssthresh, self._rwnd(st), conn.cwnd + (conn.cwnd * st.seg_bits - st.budget) / st.seg_bits)
         if st.rtt > 0:
             conn.rtts += (now - conn.sending_since) / st.rtt + 1  # its acknowledgements are one more RTT of samples
         conn.last_send = now

@@ -78,8 +78,10 @@ def test_loss_cut_fast_convergence_rto_and_recovery_delay():
     assert after_loss(2, 0, 0.7) == (2.0, 2)
     assert rto(0.1, 0.2) == pytest.approx(0.3)  # settled: srtt + rto_min
     assert rto(0.3, 0.2, 0) == pytest.approx(0.9)  # first sample: 3 RTT
-    assert rto(0.3, 0.2, 2) == pytest.approx(0.3 + 0.6 * 0.75**2)  # the variance decays a quarter per RTT
-    assert rto(0.3, 0.2, 10) == pytest.approx(0.5)  # down to the floor
+    # then rttvar moves a quarter of the way to rto_min per RTT: 0.6 -> 0.5 -> 0.425 ...
+    assert rto(0.3, 0.2, 2) == pytest.approx(0.3 + 0.5)
+    assert rto(0.3, 0.2, 3) == pytest.approx(0.3 + 0.425)
+    assert rto(0.3, 0.2, 60) == pytest.approx(0.5)
     assert recovery_delay(0.1, 5) == pytest.approx(0.1)
     assert recovery_delay(0.1, 2) == pytest.approx(0.125)
     assert recovery_delay(0.1, 0) == pytest.approx(0.2)
@@ -212,7 +214,9 @@ def test_a_lost_retransmission_costs_an_rto():
     rtt = 0.1 + SEG / 8e6
     _, end = one_flow(8e6, 0.05, 1000, queue_s=1.0, rng=Draws([1000], retransmission_lost=True), loss=0.01)
     t_loss = 3 * rtt + 929.5 * SEG / 8e6
-    assert end == pytest.approx(t_loss + 2 * tail_rtt() + (tail_rtt() + 0.2) + 0.05, abs=1e-9)
+    # the RTO after t_loss / RTT round trips of samples (its variance term not yet at the floor)
+    assert end == pytest.approx(t_loss + 2 * tail_rtt() + rto(tail_rtt(), 0.2, t_loss / tail_rtt()) + 0.05, abs=1e-9)
+    assert rto(tail_rtt(), 0.2, t_loss / tail_rtt()) > tail_rtt() + 0.2
 
 
 def test_random_loss_costs_grow_with_the_loss_rate_and_are_deterministic():
@@ -294,3 +298,26 @@ def test_late_in_a_run_every_flow_finishes_in_a_bounded_number_of_events(transpo
         due.update({f: t for f, t, _ in changed})
         events += 1
         assert events < 20000, "an event keeps coming back at the same time"
+
+
+def test_hystart_ends_slow_start_when_a_rounds_ack_train_outlasts_half_the_rtt():
+    # 100 Mbit/s, 50 ms one way: delayed ACKs come 0.24 ms apart (< 2 ms). The bursts of 10 ... 320
+    # segments last under half the RTT (50 ms); 640 segments last 77.5 ms, so at the end of that
+    # round HyStart sets the window to 640 + BDP/2 (BDP = 826.6 segments) and slow start ends.
+    rtt = 0.1 + SEG / 100e6
+    bdp = 100e6 * rtt / SEG
+    fm, end = one_flow(100e6, 0.05, 3000)
+    conn = fm.transport.connections["ab"]
+    assert conn.ssthresh == pytest.approx(640 + bdp / 2) == conn.cwnd
+    # the window covers the path from the eighth round: 1270 segments in seven RTTs, then line rate
+    assert end == pytest.approx(7 * rtt + (3000 - 1270) * SEG / 100e6 + 0.05, abs=1e-9)
+    # at 8 Mbit/s the ACKs come 3 ms apart: no HyStart, the window doubles until it covers the path
+    fm, _ = one_flow(8e6, 0.05, 1000)
+    assert fm.transport.connections["ab"].ssthresh == pytest.approx((8e6 * (0.1 + SEG / 8e6) + 0.1 * 8e6) / SEG)
+
+
+def test_a_transfer_that_ends_in_slow_start_leaves_the_window_its_acks_grow():
+    # 100 segments at 8 Mbit/s, 50 ms: rounds of 10, 20, 40, then 30 of the 80-segment round;
+    # their acknowledgements add one segment each: the connection keeps 80 + 30 = 110
+    fm, _ = one_flow(8e6, 0.05, 100)
+    assert fm.transport.connections["ab"].cwnd == pytest.approx(110)
