@@ -303,6 +303,9 @@ class TcpModel(Strict):
     cubic_c: float = Field(0.4, gt=0, description="CUBIC's C, in segments per second cubed")
     rwnd_bytes: int = Field(3 * 2**20, ge=1, description="receive window ceiling (Linux autotuning with tcp_rmem max 6 MiB)")
     restart_after_idle: bool = Field(True, description="tcp_slow_start_after_idle: decay the window of an idle connection")
+    hystart: bool = Field(True, description="HyStart's ACK-train exit from slow start (Linux CUBIC's default)")
+    growth_step: float = Field(
+        0.05, gt=0, le=1, description="a window-limited flow's rate steps when CUBIC has grown its window by this fraction")
 
 
 class NetworkModel(Strict):

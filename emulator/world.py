@@ -189,7 +189,9 @@ def _tcp_params(sc: Scenario) -> TcpParams | None:
     if net.transport != "tcp":
         return None
     t = net.tcp
-    return TcpParams(t.initcwnd, t.beta, t.cubic_c, t.rwnd_bytes, t.restart_after_idle, net.rto_ms / 1000.0)
+    return TcpParams(initcwnd=t.initcwnd, beta=t.beta, cubic_c=t.cubic_c, rwnd_bytes=t.rwnd_bytes,
+                     restart_after_idle=t.restart_after_idle, rto_min_s=net.rto_ms / 1000.0, growth_step=t.growth_step,
+                     hystart=t.hystart)
 
 
 def device_ms_per_sample(sc: Scenario, task: TaskSpec) -> list[float]:

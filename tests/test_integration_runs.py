@@ -117,6 +117,11 @@ def scenario_text(**replace):
                    population="population: {clients: 4, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, down_mbps: 1}], "
                               "availability: {kind: markov}}",
                    extra="topology: ring\nalgorithm: {name: fibfl}"), "set algorithm.firma.pass_timeout_s"),
+    (scenario_text(extra="network: {transport: reno}"), "network.transport"),
+    (scenario_text(extra="network: {tcp: {beta: 1.5}}"), "network.tcp.beta"),
+    (scenario_text(extra="network: {mss: 0}"), "mss must be > 0"),
+    (scenario_text(population="population: {clients: 2, devices: [{ms_per_sample: 1}], "
+                              "links: [{up_mbps: 1, down_mbps: 1, queue_ms: -3}]}"), "population.links[0].queue_ms"),
 ])
 def test_malformed_scenarios_give_one_clear_error(tmp_path, text, expected):
     path = write_scenario(tmp_path / "bad.yaml", text)
