@@ -410,7 +410,12 @@ class Network:
         self.holds[hold] = (dst, self.now)
         self.last_delivery[dst] = self.now
         header = envelope.pack("deliver", hold=hold, device=self.device_status(dst), **env)
-        sock.send_multipart([peer.encode(), header, *frames], copy=False)
+        try:
+            sock.send_multipart([peer.encode(), header, *frames], copy=False)
+        except zmq.ZMQError:
+            # its host is gone (killed before the conductor could tell us): nobody will answer this
+            # delivery, and the conductor's peer_lost follows
+            del self.holds[hold]
 
     # ---- devices and links in time ------------------------------------------------------------
     def _start_devices(self) -> None:

@@ -252,7 +252,7 @@ def test_gossip_that_arrives_during_training_waits_in_the_inbox():
 
 # ---- a host dies mid-run ---------------------------------------------------------------------------
 def test_sigkill_a_ring_host_the_survivors_finish(tmp_path):
-    text = RING.format(rounds=40, variant="fibfl+")
+    text = RING.format(rounds=40, variant="fibfl+", transport="tcp")
     path = write_scenario(tmp_path / "ring.yaml", text)
     out = tmp_path / "run"
     proc = start_run(path, out)
