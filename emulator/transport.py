@@ -21,7 +21,8 @@ it send:
   window only while it limits the flow, so nothing changes either).
 - Random loss: the segments between two losses are drawn from a geometric law (seeded by the
   transfer). A loss costs its segment again (the flow's bits grow by one segment) and, once per
-  recovery episode (one RTT), cuts W to beta*W (fast convergence as in Linux). While beta*W still
+  recovery episode (one RTT), cuts W to beta*W (fast convergence as in Linux); in slow start W is
+  the window the ACKs of the round's segments before the lost one have grown it to. While beta*W still
   covers the flow's share of the path (the queue absorbs the cut) the link stays busy and the loss
   costs only its bytes. A loss delays the end of the transfer only near its tail: the last byte
   cannot leave before the retransmission does, one RTT after the loss when at least three segments
@@ -343,9 +344,10 @@ class TcpTransport:
         if now >= st.recovery_until:  # one window cut per recovery episode
             st.recovery_until = now + st.rtt
             cwnd = conn.cwnd  # (CUBIC's growth is applied per RTT, and only while the window limits the flow)
-            if st.phase == "ss":
-                # the burst in flight when the loss is seen has already doubled the window
-                cwnd = max(cwnd, min(2 * cwnd, share_bits_per_rtt / st.seg_bits))
+            if st.phase == "ss" and st.budget < INF:
+                # seen one RTT later, when the ACKs of the round's segments before the lost one
+                # have grown the window by one each (the ones after it are duplicate ACKs)
+                cwnd += max(0.0, cwnd * st.seg_bits - st.budget) / st.seg_bits
             new, conn.w_max = after_loss(cwnd, conn.w_max, self.p.beta)
             conn.ssthresh = new
             st.phase = "ca"

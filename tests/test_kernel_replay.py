@@ -15,10 +15,27 @@ sys.path.insert(0, str(REPO / "tools"))
 import validate_shaping as vs  # noqa: E402
 
 GRID = REPO / "tools" / "validation" / "kernel_grid.jsonl"
-# Measured outside their band, with why (the README and the issue note give the numbers): after
-# a 1 s idle gap on a 300 ms RTT the kernel restarts with one window halving where the model's RTO
-# estimate (3 RTT decaying to RTT + 200 ms) gives two, so the model is 8 % slow there.
-KNOWN_OUTSIDE = {(5.0, 150.0, 0.0, 50.0, 1048576, 1.0, "tcp"): 1.10, (100.0, 150.0, 0.0, 50.0, 1048576, 1.0, "tcp"): 1.10}
+# Measured outside their band, with why (the README and the issue note give the numbers):
+# - after a 1 s idle gap on a 300 ms RTT the kernel restarts with one window halving where the
+#   model's RTO estimate (3 RTT decaying to RTT + 200 ms) gives two, so the model is 8 % slow;
+# - at 0.1 % loss on 6.9 MB and at 1 % loss on 1 MiB the kernel's times are bimodal (an early
+#   first loss holds CUBIC's window near its AIMD equilibrium for the whole transfer, a late one
+#   does not): spreads of 1.1 to 12.6 s around medians of 0.7 to 8.4 s, and the median of nine
+#   repetitions does not reproduce (20 Mbit/s, 40 ms, 1 %, 1 MiB: 1.42 s in the grid, 3.25 s in
+#   tools/validation/kernel_reruns.jsonl). The model's ratio to such a median lands on either side.
+# Each is held to a bound of its own, so that the model cannot drift further there unnoticed.
+KNOWN_OUTSIDE = {
+    (5.0, 150.0, 0.0, 50.0, 1048576, 1.0, "tcp"): (0.95, 1.10),
+    (100.0, 150.0, 0.0, 50.0, 1048576, 1.0, "tcp"): (0.95, 1.10),
+    (100.0, 40.0, 0.001, 50.0, 6920000, 0.0, "tcp"): (0.5, 2.0),
+    (100.0, 150.0, 0.001, 50.0, 6920000, 0.0, "tcp"): (0.5, 2.0),
+    (100.0, 10.0, 0.01, 50.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
+    (100.0, 10.0, 0.01, 1000.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
+    (5.0, 40.0, 0.01, 50.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
+    (20.0, 40.0, 0.01, 50.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
+    (100.0, 40.0, 0.01, 1000.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
+    (5.0, 150.0, 0.01, 50.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
+}
 
 
 def band(rec):
@@ -41,7 +58,7 @@ def recorded_cases():
 def test_the_recorded_grid_is_substantial():
     cases = recorded_cases()
     assert len(cases) >= 100
-    assert {c[2] for c in cases} >= {0.0, 0.001}  # loss-free and lossy
+    assert {c[2] for c in cases} >= {0.0, 0.001, 0.01}  # loss-free and lossy
     assert {c[1] for c in cases} >= {0.0, 10.0, 40.0, 150.0}
 
 
@@ -59,7 +76,7 @@ def test_replayed_against_recorded_kernel_times(model):
             outside[key] = new["ratio"]
     if model == "tcp":
         assert set(outside) <= set(KNOWN_OUTSIDE), {k: v for k, v in outside.items() if k not in KNOWN_OUTSIDE}
-        assert all(outside[k] <= KNOWN_OUTSIDE[k] for k in outside)
+        assert all(KNOWN_OUTSIDE[k][0] <= outside[k] <= KNOWN_OUTSIDE[k][1] for k in outside), outside
     else:
         # the fluid model misses wherever slow start or loss matters: the comparison discriminates
-        assert len(outside) >= 40
+        assert len(outside) >= 80

@@ -12,8 +12,9 @@ constant delay keeps each direction in order). Packets from A to B are dropped w
 since the emulator's loss is a property of the data segments. Rate and queue are not done here:
 put `tbf` on A's TUN egress (the packet reaches the delay line after tbf has let it go).
 
-On SIGTERM or SIGINT it prints one JSON line with its counters and exits; the TUN devices vanish
-with it. Framing: a TUN device carries bare IP packets, so a full TCP segment of 1448 payload bytes
+On SIGUSR1 it prints one JSON line with its counters and starts them afresh (so a caller can
+tell, case by case, how late it released packets: a starved delay line is a perturbed
+measurement); on SIGTERM or SIGINT it prints them and exits; the TUN devices vanish with it. Framing: a TUN device carries bare IP packets, so a full TCP segment of 1448 payload bytes
 is 1500 bytes on this link (no Ethernet header).
 """
 from __future__ import annotations
@@ -68,8 +69,13 @@ class DelayLine:
         self.rng = random.Random(seed)
         self.due: list[tuple[float, int, int, bytes]] = []
         self.seq = 0
-        self.counts = {"a_to_b": 0, "b_to_a": 0, "dropped": 0, "bytes_a_to_b": 0, "max_lateness_s": 0.0}
+        self.counts = self.fresh_counts()
         self.running = True
+        self.report = False
+
+    @staticmethod
+    def fresh_counts() -> dict:
+        return {"a_to_b": 0, "b_to_a": 0, "dropped": 0, "bytes_a_to_b": 0, "max_lateness_s": 0.0}
 
     def _take(self, fd: int, now: float) -> None:
         out = self.fd_b if fd == self.fd_a else self.fd_a
@@ -111,6 +117,10 @@ class DelayLine:
             for fd in ready:
                 self._take(fd, now)
             self._release(time.monotonic())
+            if self.report:
+                self.report = False
+                print(json.dumps(self.counts), flush=True)
+                self.counts = self.fresh_counts()
 
 
 def main() -> int:
@@ -137,6 +147,10 @@ def main() -> int:
     def stop(*_):
         line.running = False
 
+    def report(*_):
+        line.report = True
+
+    signal.signal(signal.SIGUSR1, report)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print("ready", flush=True)
