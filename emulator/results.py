@@ -243,7 +243,9 @@ class RingRounds:
     def _ready(self) -> list[dict]:
         rows = []
         while self.expected and self.expected <= set(self.pending.get(self.next_round, {})):
-            reps = list(self.pending.pop(self.next_round).values())
+            # in client order, not arrival order: float sums depend on their order, and a run must
+            # be a function of its seed (two runs once differed in the 17th digit of test_loss)
+            reps = sorted(self.pending.pop(self.next_round).values(), key=lambda r: r["client"])
             rows.append(self._merge(self.next_round, reps))
             self.next_round += 1
         return rows
@@ -262,7 +264,7 @@ class RingRounds:
             "clients": [{"client": r["client"], "outcome": "ok", "samples": r.get("samples"), "loss": r.get("loss"),
                          "compute_start": r["t_start"], "compute_end": r.get("compute_end"),
                          "gossip_start": r.get("compute_end"), "gossip_end": r["t_end"]}
-                        for r in sorted(reps, key=lambda r: r["client"])],
+                        for r in reps],
         }
 
 
