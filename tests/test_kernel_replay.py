@@ -35,6 +35,9 @@ KNOWN_OUTSIDE = {
     (20.0, 40.0, 0.01, 50.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
     (100.0, 40.0, 0.01, 1000.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
     (5.0, 150.0, 0.01, 50.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
+    (5.0, 150.0, 0.01, 1000.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
+    (100.0, 150.0, 0.01, 1000.0, 65536, 0.0, "tcp"): (0.5, 2.0),
+    (100.0, 150.0, 0.01, 1000.0, 1048576, 0.0, "tcp"): (0.5, 2.0),
 }
 
 
@@ -57,7 +60,7 @@ def recorded_cases():
 
 def test_the_recorded_grid_is_substantial():
     cases = recorded_cases()
-    assert len(cases) >= 100
+    assert len(cases) >= 200
     assert {c[2] for c in cases} >= {0.0, 0.001, 0.01}  # loss-free and lossy
     assert {c[1] for c in cases} >= {0.0, 10.0, 40.0, 150.0}
 
