@@ -37,8 +37,8 @@ class Framing:
 
 
 def max_min_rates(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable, float]) -> list[float]:
-    """Max-min fair rate of each flow (progressive filling). A flow's path lists the links it
-    crosses; links absent from `capacity` or with infinite capacity never constrain it."""
+    """Max-min fair rate of each flow (water-filling, max_min_fill). A flow's path lists the links
+    it crosses; links absent from `capacity` or with infinite capacity never constrain it."""
     return max_min_fill(paths, capacity)[0]
 
 
@@ -208,10 +208,9 @@ class FlowModel:
     def _queue_allowance(self, flow: Flow) -> float:
         """Bits of its bottleneck's buffer that fall to this flow: its part of the link's rate."""
         link = flow.link_bottleneck
-        cap = self.capacity.get(link, INF) if link is not None else INF
-        if cap >= INF or flow.share <= 0:
+        if link is None or self.capacity.get(link, INF) >= INF or flow.share <= 0:
             return 0.0
-        return self.queue_s.get(link, 0.0) * cap * (flow.share / cap)
+        return self.queue_s.get(link, 0.0) * flow.share
 
     def remove(self, fid: Hashable) -> tuple[Flow | None, list[tuple[Hashable, float, int]]]:
         flow = self.flows.pop(fid, None)
@@ -314,8 +313,11 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[t
         seq += 1
         heapq.heappush(events, (t, kind, seq, payload))
 
+    followers: dict[int, list[int]] = {}
     for i, tr in enumerate(transfers):
-        if "after" not in tr:
+        if "after" in tr:
+            followers.setdefault(tr["after"], []).append(i)
+        else:
             push(float(tr["start"]), 1, ("start", i))
     while events:
         t, _, _, (what, *rest) = heapq.heappop(events)
@@ -337,9 +339,8 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[t
                 arrival = max(t, flow.floor) + transfers[fid].get("latency", 0.0)
                 out[fid][1] = arrival
                 _, changed = model.remove(fid)
-                for j, tr in enumerate(transfers):
-                    if tr.get("after") == fid:
-                        push(arrival + tr.get("gap", 0.0), 1, ("start", j))
+                for j in followers.get(fid, []):
+                    push(arrival + transfers[j].get("gap", 0.0), 1, ("start", j))
             for f2, due, v2 in changed:
                 push(due, 0, ("flow", f2, v2))
     return [(a, b) for a, b in out]

@@ -323,10 +323,10 @@ class Network:
         up, down = self.link(tr.src), self.link(tr.dst)
         return 1 - (1 - up.loss) * (1 - down.loss)
 
-    def _rng(self, tr: Transfer) -> np.random.Generator:
-        """A generator named by the transfer, so that its draws do not depend on the order in which
-        messages reached this process."""
-        return np.random.default_rng([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst)])
+    def _rng(self, tr: Transfer, *stream: int) -> np.random.Generator:
+        """A generator named by the transfer (and a stream tag), so that its draws do not depend on
+        the order in which messages reached this process."""
+        return np.random.default_rng([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst), *stream])
 
     def _impairments(self, tr: Transfer) -> None:
         """Jitter of both access links, and (fluid transport) the cost of lost segments: each is
@@ -334,7 +334,7 @@ class Network:
         up, down = self.link(tr.src), self.link(tr.dst)
         if not (up.jitter_s or down.jitter_s or up.loss or down.loss):
             return
-        rng = np.random.default_rng([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst), 1])
+        rng = self._rng(tr, 1)  # a stream apart from the tcp transport's loss draws
         delay = sum(float(rng.exponential(j)) for j in (up.jitter_s, down.jitter_s) if j > 0)
         loss = self._loss(tr)
         mss = self.cfg.framing.mss or 1448

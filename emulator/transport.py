@@ -15,10 +15,10 @@ it send:
   round's ACKs (two segments each, at most 2 ms apart: a share above 12 Mbit/s) last more than
   half the RTT. That is a handful of rate steps, one per RTT.
 - Congestion avoidance follows CUBIC's window, W(t) = C (t - K)^3 + W_max, with its TCP-friendly
-  floor W_max*beta + 3(1 - beta)/(1 + beta) t/RTT, capped at BDP + queue (no buffer-overflow
-  sawtooth is modelled) and at the receive window. A window-limited flow gets its rate W/RTT stepped
-  once per RTT; a flow whose window covers its share has no window events at all (Linux grows the
-  window only while it limits the flow, so nothing changes either).
+  floor W_max*beta + 3(1 - beta)/(1 + beta) t/RTT, capped at the receive window (no buffer-overflow
+  sawtooth is modelled). A window-limited flow gets its rate W/RTT stepped on whole RTTs each time
+  the window has grown by `growth_step`; a flow whose window covers its share has no window events
+  at all (Linux grows the window only while it limits the flow, so nothing changes either).
 - Random loss: the segments between two losses are drawn from a geometric law (seeded by the
   transfer). A loss costs its segment again (the flow's bits grow by one segment) and, once per
   recovery episode (one RTT), cuts W to beta*W (fast convergence as in Linux); in slow start W is
@@ -28,7 +28,8 @@ it send:
   cannot leave before the retransmission does, one RTT after the loss when at least three segments
   follow it (SACK fast retransmit), 1.25 RTT with one or two (RACK's reordering window), 2 RTT when
   it was the last segment (Linux's tail loss probe). A lost retransmission costs an RTO.
-- Idle restart: a connection idle for more than one RTO halves its window per RTO of idleness, down to the initial window, and slow-starts back to 3/4 of what it had
+- Idle restart: a connection idle for more than one RTO halves its window per RTO of idleness,
+  down to the initial window, and slow-starts back to 3/4 of what it had
   (tcp_slow_start_after_idle=1, Linux's tcp_cwnd_restart). The RTO is Linux's for a steady RTT: 3 RTT
   after the first sample, its variance term decaying by a quarter per RTT to srtt + rto_min.
 - Queues: each link has a buffer (seconds of its rate). The part of a flow's window beyond its
@@ -63,7 +64,7 @@ class TcpParams:
     restart_after_idle: bool = True
     rto_min_s: float = 0.2
     growth_step: float = 0.05  # a window-limited flow's rate steps when CUBIC has grown its window by this fraction
-    hystart: bool = True  # HyStart's ACK-train test (Linux CUBIC's default): leave slow start at the BDP
+    hystart: bool = True  # HyStart's ACK-train test (Linux CUBIC's default): leave slow start at W + BDP/2
     hystart_ack_delta_s: float = 0.002  # ...when delayed ACKs (2 segments) come at most this far apart
 
 
@@ -155,7 +156,6 @@ class TcpState:
     qdelay: float = 0.0  # queueing delay on the path at the last rebalance
     own_qdelay: float = 0.0  # the part of it that is this flow's own window beyond its BDP
     resent_bits: float = 0.0
-    losses: int = 0
 
     @property
     def rtt(self) -> float:
@@ -206,7 +206,7 @@ class TcpTransport:
         conn.cwnd = cwnd
         conn.origin = cwnd
         conn.epoch = now
-        conn.w_max = max(conn.w_max, cwnd) if conn.w_max else cwnd
+        conn.w_max = max(conn.w_max, cwnd)
         st.budget = INF
         st.round_end = now + st.rtt
 
@@ -327,19 +327,27 @@ class TcpTransport:
         share = share_bits_per_rtt / st.rtt_base
         return 2 * st.seg_bits / share <= self.p.hystart_ack_delta_s and st.conn.cwnd * st.seg_bits / share >= st.rtt / 2
 
+    @staticmethod
+    def _sent_this_round(st: TcpState) -> float:
+        """Segments the current slow-start round has sent so far: their ACKs grow the window one each."""
+        return max(0.0, st.conn.cwnd * st.seg_bits - st.budget) / st.seg_bits
+
+    def _rtts_so_far(self, st: TcpState, now: float) -> float:
+        """RTTs of samples the connection has had, the current flow's included."""
+        return st.conn.rtts + (now - st.conn.sending_since) / st.rtt
+
     def _rwnd(self, st: TcpState) -> float:
         return max(float(self.p.initcwnd), self.p.rwnd_bytes / st.mss)
 
     def _on_loss(self, flow, now: float, share_bits_per_rtt: float) -> None:
         st: TcpState = flow.tcp
         conn = st.conn
-        st.losses += 1
         st.resent_bits += st.seg_bits
         flow.remaining_bits += st.seg_bits
         segments_after = int(max(0.0, flow.remaining_bits - st.seg_bits) // st.seg_bits)
         floor = now + recovery_delay(st.rtt, segments_after)
         if st.rng.random() < st.loss:  # the retransmission is lost too: only the RTO recovers it
-            floor += rto(st.rtt, self.p.rto_min_s, st.conn.rtts + (now - st.conn.sending_since) / st.rtt)
+            floor += rto(st.rtt, self.p.rto_min_s, self._rtts_so_far(st, now))
         st.floor = max(st.floor, floor)
         if now >= st.recovery_until:  # one window cut per recovery episode
             st.recovery_until = now + st.rtt
@@ -347,7 +355,7 @@ class TcpTransport:
             if st.phase == "ss" and st.budget < INF:
                 # seen one RTT later, when the ACKs of the round's segments before the lost one
                 # have grown the window by one each (the ones after it are duplicate ACKs)
-                cwnd += max(0.0, cwnd * st.seg_bits - st.budget) / st.seg_bits
+                cwnd += self._sent_this_round(st)
             new, conn.w_max = after_loss(cwnd, conn.w_max, self.p.beta)
             conn.ssthresh = new
             st.phase = "ca"
@@ -365,8 +373,8 @@ class TcpTransport:
         if st.phase == "ss" and st.budget < INF:
             # slow start grows the window per ACK: the acknowledgements of this round's segments,
             # still on their way, add one segment each
-            conn.cwnd = min(conn.ssthresh, self._rwnd(st), conn.cwnd + (conn.cwnd * st.seg_bits - st.budget) / st.seg_bits)
+            conn.cwnd = min(conn.ssthresh, self._rwnd(st), conn.cwnd + self._sent_this_round(st))
         if st.rtt > 0:
-            conn.rtts += (now - conn.sending_since) / st.rtt + 1  # its acknowledgements are one more RTT of samples
+            conn.rtts = self._rtts_so_far(st, now) + 1  # its acknowledgements are one more RTT of samples
         conn.last_send = now
         conn.active = None
