@@ -16,7 +16,6 @@ from node.ring import RingConfig
 from node.privacy import noise_factor
 from node.schedule import BitSchedule
 from node.server import ServerConfig
-from protocol.codecs import make_codec
 from . import devices as dev_model
 from .links import INF, Framing
 from .network import Fault, Link
@@ -96,11 +95,24 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     task = task or load_task(sc)
     rng = np.random.default_rng(sc.seed)
     n = sc.population.clients
-    shards = _partition(sc, task.train.y.numpy(), rng, "task.partition")
+    part = sc.task.partition
+    test_shards: list = [None] * n
+    if part.kind == "by_user" and part.generator == "fedprox":
+        # The users' own test parts are the test set; each client's are its own test split.
+        try:
+            split = datasets.fedprox_split(task.train, task.test, n, part.users, sc.seed, part.train_share,
+                                           2.0 if part.size_sigma is None else part.size_sigma)
+        except datasets.DataError as exc:
+            raise ScenarioError(f"task.partition: {exc}") from None
+        task = TaskSpec(task.model, split.train, split.test, task.seed)
+        shards = split.train_shards
+        if sc.topology == "ring" or sc.eval.split == "clients":
+            test_shards = split.test_shards
+    else:
+        shards = _partition(sc, task.train.y.numpy(), rng, "task.partition")
     # Each client's own test split, by the same rule on the test labels (an independent draw for the
     # random ones, as FIRMA's data.py does), where evaluation is per client.
-    test_shards: list = [None] * n
-    if sc.topology == "ring" or sc.eval.split == "clients":
+    if (sc.topology == "ring" or sc.eval.split == "clients") and test_shards[0] is None:
         test_rng = np.random.default_rng([sc.seed, 0x7E57])
         test_shards = _partition(sc, task.test.y.numpy(), test_rng, "task.partition (test split)", test=True)
     if min(s.size for s in shards) == 0:
@@ -152,8 +164,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     schedule = BitSchedule(q.schedule, sc.rounds, q.b_min, q.b_max)
     server = ServerConfig(
         rounds=sc.rounds, clients_per_round=per_round, epochs=alg.local_epochs,
-        batch_size=alg.batch_size, lr=alg.lr, down_codec=make_codec(alg.codec.down.model_dump()), seed=sc.seed,
-        eval_every=sc.eval.every, eval_max_samples=sc.eval.max_samples, round_timeout_s=sc.round.timeout_s,
+        batch_size=alg.batch_size, lr=alg.lr, down_codec=alg.codec.down.build(), seed=sc.seed,
+        eval_every=sc.eval.every if alg.train else 0, eval_max_samples=sc.eval.max_samples, round_timeout_s=sc.round.timeout_s,
         aggregate_s=sc.server.aggregate_ms / 1000.0, schedule=schedule,
         samples={c.profile.name: int(c.profile.indices.size) for c in clients},
         selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
@@ -164,9 +176,10 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     dp = alg.privacy
     privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
                       noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n))
-    client = ClientConfig(make_codec(alg.codec.up.model_dump()), sc.seed, schedule, q.lambda_h, privacy,
+    client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
-                          _fedalign_config(alg.fedalign) if alg.name == "fedalign" else None)
+                          _fedalign_config(alg.fedalign) if alg.name == "fedalign" else None,
+                          error_feedback=alg.codec.up.error_feedback)
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     sl = sc.server.link
     return World(
@@ -216,7 +229,8 @@ def _partition(sc: Scenario, labels: np.ndarray, rng: np.random.Generator, key: 
         if part.kind == "iid" or (part.kind == "by_user" and test):  # users exist only in the training set
             return datasets.partition_iid(labels.size, n, rng)
         if part.kind == "by_user":
-            return datasets.partition_by_user(labels, n, part.users, sc.seed, part.size_sigma)
+            return datasets.partition_by_user(labels, n, part.users, sc.seed,
+                                              1.0 if part.size_sigma is None else part.size_sigma)
         if part.kind == "label_skew":
             return datasets.partition_label_skew(labels, n, part.classes_per_client, rng)
         if part.rule == "floor":
@@ -244,7 +258,7 @@ def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> Rin
         names = [names[i] for i in firma.two_opt(q)]
     alg = sc.algorithm
     return RingConfig(f.variant, sc.rounds, names, sc.seed, f.epochs_head, f.epochs_extractor, alg.lr, alg.batch_size,
-                      f.gamma, f.gamma_start, f.gamma_end, f.tau, make_codec(alg.codec.up.model_dump()), sc.eval.every,
+                      f.gamma, f.gamma_start, f.gamma_end, f.tau, alg.codec.up.build(), sc.eval.every,
                       PRIVATE_PREFIX[sc.task.model], f.pass_timeout_s)
 
 

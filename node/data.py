@@ -151,6 +151,92 @@ def partition_dirichlet(labels: np.ndarray, clients: int, alpha: float, rng: np.
     raise DataError(f"Dirichlet(alpha={alpha}) could not give each of {clients} clients {min_size} samples; raise alpha or lower clients")
 
 
+def fedprox_users(labels: np.ndarray, users: int, seed: int, first: int = 5, sigma: float = 2.0) -> list[np.ndarray]:
+    """FedProx's MNIST generator (litian96/FedProx data/mnist/generate_niid.py), which the FedML
+    MNIST JSON and the core paper use: user u holds labels u mod K and (u+1) mod K. Each takes
+    `first` samples of each of its labels first, in the data's order; then what is left of each
+    label is shared among its 2 users/K holders by power law: props = lognormal(0, sigma,
+    (K, users/K, 2)) normalised per label to its remaining count, user u taking
+    floor(props[label, u // K, j]) for its j-th label (a draw that would run past the label's end
+    is skipped, as in FedProx). The draw is numpy's legacy generator seeded with `seed`, the one
+    FedProx's unseeded script used. Returns each user's indices into `labels`, in taking order."""
+    classes = int(labels.max()) + 1
+    if users % classes:
+        raise DataError(f"the FedProx split needs users to be a multiple of the {classes} labels, got {users}")
+    by_label = [np.flatnonzero(labels == c) for c in range(classes)]
+    per_label = 2 * first * users // classes
+    for c, pool in enumerate(by_label):
+        if pool.size < per_label:
+            raise DataError(f"label {c} has {pool.size} samples, fewer than the {per_label} its {2 * users // classes} users take first")
+    taken = np.zeros(classes, dtype=np.int64)
+    parts: list[list[np.ndarray]] = [[] for _ in range(users)]
+    for u in range(users):
+        for j in range(2):
+            c = (u + j) % classes
+            parts[u].append(by_label[c][taken[c]: taken[c] + first])
+            taken[c] += first
+    props = np.random.RandomState(seed).lognormal(0.0, sigma, (classes, users // classes, 2))
+    remaining = np.array([pool.size - per_label for pool in by_label], dtype=np.float64)
+    props = remaining[:, None, None] * props / props.sum(axis=(1, 2), keepdims=True)
+    for u in range(users):
+        for j in range(2):
+            c = (u + j) % classes
+            count = int(props[c, u // classes, j])
+            if taken[c] + count < by_label[c].size:
+                parts[u].append(by_label[c][taken[c]: taken[c] + count])
+                taken[c] += count
+    return [np.concatenate(p) for p in parts]
+
+
+def split_users(users: list[np.ndarray], train_share: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each user's samples shuffled (seeded), the first int(train_share * n) for training and the
+    rest for testing, as FedProx writes its train and test JSON."""
+    rng = np.random.RandomState(seed)
+    train, test = [], []
+    for idx in users:
+        shuffled = idx[rng.permutation(idx.size)]
+        cut = int(train_share * idx.size)
+        train.append(shuffled[:cut])
+        test.append(shuffled[cut:])
+    return train, test
+
+
+def merge_users(users: list[np.ndarray], clients: int) -> list[np.ndarray]:
+    """User j goes to client j mod N (FedML's round-robin merge); each client's indices sorted."""
+    if clients > len(users):
+        raise DataError(f"the by-user partition has {len(users)} users; cannot make {clients} clients (raise task.partition.users)")
+    merged: list[list[np.ndarray]] = [[] for _ in range(clients)]
+    for u, idx in enumerate(users):
+        merged[u % clients].append(idx)
+    return [np.sort(np.concatenate(m)).astype(np.int64) for m in merged]
+
+
+@dataclass
+class UserSplit:
+    """A dataset regrouped by user: the pool every index refers to, the test set (the union of the
+    users' test parts, indexed by `test_shards`) and each client's training indices into the pool."""
+    train: Dataset
+    test: Dataset
+    train_shards: list[np.ndarray]
+    test_shards: list[np.ndarray]
+
+
+def fedprox_split(train: Dataset, test: Dataset, clients: int, users: int, seed: int,
+                  train_share: float = 0.9, sigma: float = 2.0) -> UserSplit:
+    """FedProx's split of the whole data set: torchvision's training and test files joined (70,000
+    MNIST images, as FedProx's `MNIST original`), cut into users by `fedprox_users`, each user's
+    part split 90/10, users merged round-robin into clients."""
+    pool = Dataset(torch.cat([train.x, test.x]), torch.cat([train.y, test.y]), train.classes)
+    users_idx = fedprox_users(pool.y.numpy(), users, seed, sigma=sigma)
+    user_train, user_test = split_users(users_idx, train_share, seed)
+    train_shards = merge_users(user_train, clients)
+    client_tests = merge_users(user_test, clients)
+    held_out = np.sort(np.concatenate(user_test)).astype(np.int64)
+    test_set = Dataset(pool.x[torch.from_numpy(held_out)], pool.y[torch.from_numpy(held_out)], pool.classes)
+    test_shards = [np.searchsorted(held_out, t) for t in client_tests]
+    return UserSplit(pool, test_set, train_shards, test_shards)
+
+
 def by_user_labels(users: int, classes: int) -> list[tuple[int, int]]:
     """The two labels of each user: user u holds u mod K and (u mod K + 1 + (u div K) mod (K-1)) mod K.
 
