@@ -118,7 +118,12 @@ class Partition(Strict):
     min_size: int = Field(1, ge=1, description="dirichlet: redraw until every client has this many samples")
     classes_per_client: int = Field(1, ge=1, description="label_skew: K primary classes per client (FIRMA 2.6)")
     users: int = Field(1000, ge=1, description="by_user: users of two labels each, merged round-robin into clients")
-    size_sigma: float = Field(1.0, ge=0, description="by_user: log-normal spread of user sizes")
+    generator: Literal["fedprox", "pairs"] = Field(
+        "fedprox", description="by_user: fedprox is FedProx's generate_niid.py (the paper's MNIST; train and test files "
+                               "joined, each user split train_share/rest); pairs is the earlier rebuild from the training set")
+    size_sigma: Optional[float] = Field(
+        None, ge=0, description="by_user: log-normal spread of user sizes; null: 2.0 for fedprox (FedProx's), 1.0 for pairs")
+    train_share: float = Field(0.9, gt=0, lt=1, description="by_user fedprox: share of each user's samples it trains on")
 
 
 class Synthetic(Strict):
@@ -179,13 +184,20 @@ class RoundPolicy(Strict):
 
 
 class CodecSpec(BaseModel):
+    """{name: CODEC, **its parameters}; error_feedback belongs to the sender, not to the codec."""
     model_config = ConfigDict(extra="allow")
     name: str
+    error_feedback: bool = Field(
+        False, description="upload only: the client keeps what compression dropped and adds it to its next update "
+                           "(sent as a delta); the residual is lost when the device goes offline")
+
+    def build(self):
+        return make_codec(self.model_dump(exclude={"error_feedback"}))
 
     @model_validator(mode="after")
     def _buildable(self):
         try:
-            make_codec(self.model_dump())
+            self.build()
         except CodecError as exc:
             raise ValueError(str(exc)) from None
         return self
@@ -399,6 +411,29 @@ class Scenario(Strict):
             raise ValueError("algorithm.privacy is the core paper's local DP; FedAlign has its own (algorithm.fedalign.clip, epsilon)")
         if self.algorithm.name == "fibfl" and self.task.model != "firma_mlp":
             raise ValueError(f"algorithm fibfl keeps a private head: task.model must be firma_mlp, got {self.task.model!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _error_feedback_on_star_uploads(self):
+        if self.algorithm.codec.down.error_feedback:
+            raise ValueError("algorithm.codec.down.error_feedback: error feedback is kept by the clients on their uploads "
+                             "(algorithm.codec.up.error_feedback)")
+        if self.algorithm.codec.up.error_feedback and (self.topology == "ring" or self.algorithm.name == "fedalign"):
+            raise ValueError(f"algorithm.codec.up.error_feedback: supported for fedavg/fedprox uploads on a star, "
+                             f"not for {self.algorithm.name} on a {self.topology}")
+        return self
+
+    @model_validator(mode="after")
+    def _sparsifiers_encode_updates(self):
+        """A sparsifier keeps a few entries of an update; applied to weights it zeroes most of the model."""
+        carries_weights = [("down", "the download carries the model's weights")]
+        if self.topology == "ring":
+            carries_weights.append(("up", "ring gossip carries each client's weights"))
+        for direction, why in carries_weights:
+            spec = getattr(self.algorithm.codec, direction)
+            if spec.build().encodes_delta:
+                raise ValueError(f"algorithm.codec.{direction}: {spec.name} encodes updates (deltas), but {why}; "
+                                 "use a dense codec (fp32, fp16, bf16, int)")
         return self
 
     @model_validator(mode="after")

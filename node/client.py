@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from protocol.codecs import Codec, CodecError, decode_state, encode_state
+from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
 from . import fedalign
 from .actor import Message, Reaction, Send
 from .data import Dataset, with_input_noise
@@ -72,6 +72,7 @@ class ClientConfig:
     checkin: bool = False  # check in with the server whenever the device comes online
     prox_mu: float = 0.0  # FedProx proximal weight (0: plain FedAvg local training)
     fedalign: fedalign.FedAlignConfig | None = None  # FedAlign: statistics phase, aligned data, DP update
+    error_feedback: bool = False  # keep the upload's compression residual (lost when the device goes offline)
 
 
 class Trainer:
@@ -106,6 +107,7 @@ class ClientActor:
         self.labels = self.data.y.numpy()[self.indices]
         self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(self.indices)
         self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
+        self.feedback = ErrorFeedback() if cfg.error_feedback else None
 
     def _reject(self, msg: Message, error: str) -> Reaction:
         self.rejected += 1
@@ -119,6 +121,8 @@ class ClientActor:
     def react(self, msg: Message) -> Reaction:
         if msg.kind == "online":
             self.generation += 1
+            if self.feedback:  # the OS ended the app while the device was away: its memory is gone
+                self.feedback.reset()
             if self.cfg.checkin:
                 return Reaction(sends=[Send("server", "checkin", -1, self.status(msg))])
             return Reaction()
@@ -153,6 +157,9 @@ class ClientActor:
         generation = self.generation
 
         def work():
+            residual = None
+            if generation != self.generation:
+                return Reaction()  # the device went off and on while this task waited: it died with it
             # Decoded only now: a host may hold tasks for dozens of clients waiting their turn, and the
             # encoded frames are several times smaller than the dequantized float32 model.
             try:
@@ -180,6 +187,8 @@ class ClientActor:
                 update = fedalign.private_update(state, new_state, local.lr * steps, fa.clip, fa.epsilon, fa.delta, rng)
                 info.update(noise_scale=update.noise_scale, update_norm=update.norm)
                 encoded = encode_state(update.delta, codec, rng, basis="delta")
+            elif self.feedback:
+                encoded, residual = self.feedback.compress({k: new_state[k] - state[k] for k in new_state}, codec, rng)
             elif codec.encodes_delta:
                 payload = {k: new_state[k] - state[k] for k in new_state}
                 encoded = encode_state(payload, codec, rng, basis="delta")
@@ -190,6 +199,8 @@ class ClientActor:
             def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before
                 if generation != self.generation:
                     return Reaction()  # the device went off and on meanwhile: this work died with it
+                if self.feedback:
+                    self.feedback.residual = residual
                 return Reaction(sends=[update])
 
             return deliver

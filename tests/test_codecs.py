@@ -109,11 +109,11 @@ def test_randomk_is_unbiased_and_seeded():
 
 
 def test_error_feedback_carries_residual():
-    ef = ErrorFeedback(make_codec({"name": "topk", "fraction": 0.5}))
+    ef, codec = ErrorFeedback(), make_codec({"name": "topk", "fraction": 0.5})
     d = {"w": np.array([1.0, 0.1, -2.0, 0.2], np.float32)}
-    first, _ = decode_state(ef.encode(d, np.random.default_rng(0)).frames)
+    first, _ = decode_state(ef.encode(d, codec, np.random.default_rng(0)).frames)
     assert np.allclose(ef.residual["w"], d["w"] - first["w"])
-    second, _ = decode_state(ef.encode(d, np.random.default_rng(0)).frames)
+    second, _ = decode_state(ef.encode(d, codec, np.random.default_rng(0)).frames)
     # the small entries accumulate until they win a place
     assert np.allclose(second["w"] + ef.residual["w"], d["w"] * 2 - first["w"])
 

@@ -129,7 +129,7 @@ def test_communication_only_mode_sends_the_same_bytes_without_training(runs, tmp
     path, dirs = runs
     out = tmp_path / "comm"
     res = run_cli("run", str(path), "--set", "algorithm.train=false", "--set", "algorithm.codec.down={name: int, bits: 8}",
-                  "--set", "algorithm.codec.up={name: int, bits: 8}", "--out", str(out), timeout=120)
+                  "--set", "algorithm.codec.up={name: int, bits: 8}", "--set", "eval.every=1", "--out", str(out), timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     trained, comm = read_csv(dirs["int8"] / "rounds.csv"), read_csv(out / "rounds.csv")
     for a, b in zip(trained, comm):
@@ -138,6 +138,10 @@ def test_communication_only_mode_sends_the_same_bytes_without_training(runs, tmp
         # noise fields) makes the upload a few bytes shorter
         assert float(a["t_end"]) == pytest.approx(float(b["t_end"]), rel=1e-3)
     assert all(c["loss"] == "" and c["noise_scale"] == "" for c in read_csv(out / "clients.csv"))
+    # the model does not learn, so nothing is evaluated, even with eval.every 1 (the 1000-round byte
+    # study would spend most of its wall time evaluating an untrained model)
+    assert all(r["accuracy"] == "" for r in comm)
+    assert json.loads((out / "summary.json").read_text())["best_accuracy"] is None
 
 
 def test_compare_table(runs, tmp_path):

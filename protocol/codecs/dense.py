@@ -41,6 +41,28 @@ class Fp16(Codec):
         return np.frombuffer(data, "<f2").astype(np.float32).reshape(shape)
 
 
+@register
+class Bf16(Codec):
+    """bfloat16: float32's sign, exponent and top 7 mantissa bits, rounded to nearest even. The
+    range of float32 at 2 bytes, so large updates do not overflow as in fp16."""
+
+    name = "bf16"
+
+    def encode(self, x, rng):
+        bits = np.ascontiguousarray(x, dtype="<f4").reshape(-1).view("<u4")
+        nan = np.isnan(bits.view("<f4"))
+        rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16  # uint32 arithmetic: wraps nothing below inf
+        rounded[nan] = 0x7FC0  # a quiet NaN stays a NaN, never rounds into infinity
+        data = rounded.astype("<u2")
+        return EncodedTensor({}, data.view(np.uint8), data.nbytes)
+
+    @classmethod
+    def decode(cls, meta, data, shape):
+        n = int(np.prod(shape))
+        expect_length(data, 2 * n, "bf16 values")
+        return (np.frombuffer(data, "<u2").astype("<u4") << 16).view("<f4").reshape(shape)
+
+
 def slices_of(x: np.ndarray, per_filter: bool) -> np.ndarray:
     """One row per quantization slice: per output filter for 4-D conv weights, else the whole tensor."""
     if per_filter and x.ndim >= 4:

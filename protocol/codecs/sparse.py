@@ -61,11 +61,17 @@ class TopK(Codec):
     def params(self):
         return {"fraction": self.fraction, "value_bits": self.value_bits}
 
+    def keep(self, flat: np.ndarray) -> np.ndarray:
+        """Sorted indices of the entries that travel."""
+        n = flat.size
+        k = keep_count(n, self.fraction)
+        return np.sort(np.argpartition(-np.abs(flat), k - 1)[:k]) if k < n else np.arange(n)
+
     def encode(self, x, rng):
         flat = np.asarray(x, np.float32).reshape(-1)
         n = flat.size
-        k = keep_count(n, self.fraction)
-        idx = np.sort(np.argpartition(-np.abs(flat), k - 1)[:k]) if k < n else np.arange(n)
+        idx = self.keep(flat)
+        k = idx.size
         ibits = index_bits(n)
         idx_bytes = pack(idx.astype(np.uint64 if ibits > 32 else np.uint32), ibits) if ibits <= 32 else None
         require(idx_bytes is not None, "tensor too large for top-k index packing")
@@ -89,6 +95,29 @@ class TopK(Codec):
         out = np.zeros(n, np.float32)
         out[idx] = values
         return out.reshape(shape)
+
+
+@register
+class Threshold(TopK):
+    """Keep the entries with |x| >= magnitude (at least one: the largest, so the receiver always gets
+    a scale); on the wire exactly like top-k (same header fields, same decoder)."""
+
+    name = "threshold"
+
+    def __init__(self, magnitude: float = 1e-3, value_bits: int = 32):
+        if not isinstance(magnitude, (int, float)) or not magnitude >= 0:
+            raise ValueError(f"magnitude must be a number >= 0, got {magnitude!r}")
+        super().__init__(1.0, value_bits)
+        self.magnitude = float(magnitude)
+
+    def params(self):
+        return {"magnitude": self.magnitude, "value_bits": self.value_bits}
+
+    def keep(self, flat: np.ndarray) -> np.ndarray:
+        idx = np.flatnonzero(np.abs(flat) >= self.magnitude)
+        if idx.size == 0 and flat.size:
+            idx = np.array([int(np.argmax(np.abs(flat)))])
+        return idx
 
 
 @register
