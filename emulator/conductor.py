@@ -283,6 +283,8 @@ class Conductor:
             return self.ring.finish(body["client"])
         elif kind == "clock_started":
             self.startup_s = time.monotonic() - self.t0
+        elif kind == "privacy":
+            writer.privacy_release(body)
         elif kind in ("error", "rejected"):
             writer.incident(kind, **{k: v for k, v in body.items() if k != "type"})
         elif kind == "finished":

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from node.accounting import Release, ledger_summary
+
 GIB = 2**30
 SERVER = "server"
 
@@ -65,6 +67,11 @@ class RunWriter:
         self.incidents: list[dict] = []
         self.summary: dict[str, Any] = {"scenario": scenario.get("name"), "status": "running"}
         self.target = (scenario.get("eval") or {}).get("target_accuracy")
+        self.releases: dict[str, list[Release]] = defaultdict(list)  # every noised message each client sent
+        self.accounting_delta = ((scenario.get("algorithm") or {}).get("privacy") or {}).get("accounting_delta", 1e-5)
+
+    def privacy_release(self, rep: dict) -> None:
+        self.releases[rep["actor"]].append(Release(rep["what"], rep["mechanism"], rep["epsilon"], rep["delta"], rep["rho"]))
 
     def transfer(self, rec: dict) -> None:
         self._transfers.writerow(rec)
@@ -202,6 +209,7 @@ class RunWriter:
             "mean_bits_down": _mean(r.get("bits_down") for r in rows),
             "mean_bits_up": _mean(r.get("bits_up_mean") for r in rows),
             "mean_noise_scale": _mean(r.get("noise_scale_mean") for r in rows),
+            "privacy_spent": ledger_summary(self.releases, self.accounting_delta) if self.releases else None,
             "client_outcomes": dict(self.outcomes),
             "client_updates_ok": total("completed"),
             "client_updates_failed": total("failed"),

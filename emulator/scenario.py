@@ -228,6 +228,8 @@ class PrivacySpec(Strict):
     delta: float = Field(0.0, ge=0, lt=1, description="gaussian only")
     clip: Optional[float] = Field(None, gt=0, description="gradient-norm threshold xi: L1 for laplace, L2 for gaussian")
     noise_factor: Literal["code", "paper"] = Field("code", description="c_T of Eq. 1.11: code (T/E)(P/N), paper T/P")
+    accounting_delta: float = Field(
+        1e-5, gt=0, lt=1, description="the delta at which summary.json converts each client's composed zCDP to (epsilon, delta)")
 
     @model_validator(mode="after")
     def _complete(self):
@@ -260,13 +262,23 @@ class FedAlignSpec(Strict):
     rho: float = Field(1.0, gt=0, le=1, description="share of the unsampled part U_k used for the statistics")
     granularity: Literal["channel", "dimension"] = Field("channel", description="moments per colour channel or per input dimension")
     moments: Literal[2, 4] = Field(2, description="2: align mean and variance; 4: also skewness and kurtosis (Cornish-Fisher step)")
-    stat_clip: float = Field(10.0, gt=0, description="S_stat: each statistic is clamped to [-S, S] before noise")
+    stat_clip: float = Field(10.0, gt=0, description="S_stat: the skewness and kurtosis derived from the noised raw moments are clamped to [-S, S]")
+    input_range: list[float] = Field(
+        default_factory=lambda: [0.0, 1.0], min_length=2, max_length=2,
+        description="inputs are clamped to [low, high] before the statistics: what bounds one sample's influence (their DP sensitivity)")
     stat_epsilon: Optional[float] = Field(None, gt=0, description="DP budget of the statistics; null: no noise")
     stat_delta: float = Field(1e-5, gt=0, lt=1)
     clip: Optional[float] = Field(None, gt=0, description="C: L2 clip of the pseudo-gradient (Eq. 3.6); null: no clipping")
     epsilon: Optional[float] = Field(None, gt=0, description="DP budget of the update; needs clip; null: no noise")
     delta: float = Field(1e-5, gt=0, lt=1)
     server_lr: float = Field(1.0, gt=0, description="eta of Eq. 3.7, in units of the clients' own eta_l tau")
+
+    @field_validator("input_range")
+    @classmethod
+    def _range(cls, v):
+        if not v[0] < v[1]:
+            raise ValueError(f"input_range must be [low, high] with low < high, got {v}")
+        return v
 
     @model_validator(mode="after")
     def _noise_needs_clip(self):

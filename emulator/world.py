@@ -170,7 +170,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         samples={c.profile.name: int(c.profile.indices.size) for c in clients},
         selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
-        selection_params=_selection_params(sc), fedalign=alg.name == "fedalign", server_lr=alg.fedalign.server_lr,
+        selection_params=_selection_params(sc), fedalign=_fedalign_config(alg.fedalign) if alg.name == "fedalign" else None, server_lr=alg.fedalign.server_lr,
         eval_shards=test_shards if sc.eval.split == "clients" else None,
     )
     dp = alg.privacy
@@ -242,7 +242,7 @@ def _partition(sc: Scenario, labels: np.ndarray, rng: np.random.Generator, key: 
 
 def _fedalign_config(spec) -> FedAlignConfig:
     return FedAlignConfig(spec.sample_fraction, spec.rho, spec.granularity, spec.moments, spec.stat_clip,
-                          spec.stat_epsilon, spec.stat_delta, spec.clip, spec.epsilon, spec.delta)
+                          tuple(spec.input_range), spec.stat_epsilon, spec.stat_delta, spec.clip, spec.epsilon, spec.delta)
 
 
 def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> RingConfig:

@@ -4,6 +4,7 @@ bit-length. The order is Algorithm 1 of ALGORITHMS.md 1.1: dequantize, train wit
 add noise to the weights, quantize, upload."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 
 from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
-from . import fedalign
+from . import accounting, fedalign
 from .actor import Message, Reaction, Send
 from .data import Dataset, with_input_noise
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
@@ -157,7 +158,7 @@ class ClientActor:
         generation = self.generation
 
         def work():
-            residual = None
+            residual = release = None
             if generation != self.generation:
                 return Reaction()  # the device went off and on while this task waited: it died with it
             # Decoded only now: a host may hold tasks for dozens of clients waiting their turn, and the
@@ -178,7 +179,7 @@ class ClientActor:
             if self.cfg.train:
                 new_state, result = self.trainer.train(state, indices, local, rng, order, data)
                 info["loss"] = result.loss
-                new_state = self._privatize(new_state, result, local, rng, info)
+                new_state, release = self._privatize(new_state, result, local, rng, info)
             else:
                 new_state = state
             if sampled is not None:
@@ -186,6 +187,8 @@ class ClientActor:
                 fa = self.cfg.fedalign
                 update = fedalign.private_update(state, new_state, local.lr * steps, fa.clip, fa.epsilon, fa.delta, rng)
                 info.update(noise_scale=update.noise_scale, update_norm=update.norm)
+                if update.noise_scale > 0:
+                    release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
                 encoded = encode_state(update.delta, codec, rng, basis="delta")
             elif self.feedback:
                 encoded, residual = self.feedback.compress({k: new_state[k] - state[k] for k in new_state}, codec, rng)
@@ -201,7 +204,7 @@ class ClientActor:
                     return Reaction()  # the device went off and on meanwhile: this work died with it
                 if self.feedback:
                     self.feedback.residual = residual
-                return Reaction(sends=[update])
+                return Reaction(sends=[update], reports=[self._released(task.round, release)] if release else [])
 
             return deliver
 
@@ -218,19 +221,30 @@ class ClientActor:
         rng = np.random.default_rng([self.cfg.seed, task.round, self.profile.index, 0xA1])
         sampled, unsampled = fedalign.split_round(self.indices, fa, rng)
         x, _ = self.data.batch(torch.from_numpy(unsampled))
-        stats = fedalign.privatize_moments(fedalign.moments(x.numpy(), fa.granularity), fa.stat_clip,
+        low, high = fa.input_range
+        raw = fedalign.raw_moments(x.numpy(), fa.granularity, fa.moments, low, high)
+        stats = fedalign.privatize_moments(raw, fedalign.raw_moment_ranges(low, high, fa.moments),
                                            int(unsampled.size), fa.stat_epsilon, fa.stat_delta, rng)
-        encoded = encode_state(stats, fedalign.MOMENTS_CODEC, rng)
+        encoded = encode_state(stats.raw, fedalign.MOMENTS_CODEC, rng)
         self.pending = {task.round: (task, sampled)}  # an older round's task is abandoned
+        reports = []
+        if stats.sigma > 0:
+            release = accounting.gaussian_release("statistics", stats.sigma, stats.sensitivity, fa.stat_epsilon, fa.stat_delta)
+            reports.append(self._released(task.round, release))
         return Reaction(sends=[Send("server", "stats", task.round, {"samples": int(self.profile.indices.size)},
-                                    encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)])
+                                    encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], reports=reports)
+
+    def _released(self, round_: int, release: accounting.Release) -> dict:
+        """A report for the run's privacy ledger: this client sent a noised message."""
+        return {"type": "privacy", "actor": self.name, "round": round_, **dataclasses.asdict(release)}
 
     def _train_aligned(self, msg: Message) -> Reaction:
         task, sampled = self.pending.pop(msg.round, (None, None))
         if task is None:
             return Reaction()
         try:
-            target, _ = decode_state(msg.frames, {k: ((self.moment_size,), "f4") for k in fedalign.MOMENTS})
+            wanted = fedalign.MOMENTS[: self.cfg.fedalign.moments]
+            target, _ = decode_state(msg.frames, {k: ((self.moment_size,), "f4") for k in wanted})
         except CodecError as exc:
             return self._reject(msg, f"global moments: {exc}")
         return self._train(task, msg, sampled, target)
@@ -251,8 +265,11 @@ class ClientActor:
         """Eq. 1.10-1.11: sensitivity from this round's Lipschitz estimate, then noise on the weights."""
         p = self.cfg.privacy
         if p.mechanism == "none":
-            return state
+            return state, None
         sens = sensitivity(result.samples_seen, result.lipschitz, local.lr, local.epochs, p.clip)
         scale = noise_scale(p.mechanism, sens, p.factor, p.epsilon, p.delta)
         info.update(lipschitz=result.lipschitz, sensitivity=sens, noise_scale=scale)
-        return add_noise(state, p.mechanism, scale, rng)
+        per_round = p.epsilon / p.factor  # Eq. 1.11 spends epsilon / c_T each round (with the estimated sensitivity)
+        release = accounting.laplace_release("update", per_round) if p.mechanism == "laplace" else \
+            accounting.gaussian_release("update", scale, sens, per_round, p.delta)
+        return add_noise(state, p.mechanism, scale, rng), release

@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from protocol.codecs import make_codec
+from .accounting import analytic_gaussian_sigma
 
 MOMENTS = ("mean", "var", "skew", "kurt")
 MOMENTS_CODEC = make_codec("fp32")  # statistics travel at full precision both ways: a handful of numbers
@@ -40,28 +41,78 @@ def moments(x: np.ndarray, granularity: str = "channel") -> dict[str, np.ndarray
             "kurt": squeeze((z**4).mean(axis=axes, keepdims=True))}
 
 
-def stat_noise_scale(clip: float, samples: int, epsilon: float, delta: float) -> float:
-    """INFERRED 3.2: replace-one sensitivity 2S/|U| of a clamped mean, Gaussian mechanism."""
-    return (2.0 * clip / max(samples, 1)) * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+RAW = ("m1", "m2", "m3", "m4")  # what a client releases: E[x^k] of its clamped inputs, per element
 
 
-def privatize_moments(m: Mapping[str, np.ndarray], clip: float, samples: int, epsilon: float | None,
-                      delta: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Eq. 3.2: clamp each statistic to [-S, S], then add N(0, sigma^2) (none when epsilon is None)."""
-    sigma = 0.0 if epsilon is None else stat_noise_scale(clip, samples, epsilon, delta)
+def raw_moments(x: np.ndarray, granularity: str, order: int, low: float, high: float) -> dict[str, np.ndarray]:
+    """E[x^k], k = 1..order, of the inputs clamped to [low, high], per channel or per dimension.
+    Clamping each input bounds what one sample can change; the central moments are computed from
+    these afterwards (post-processing, free under DP)."""
+    data, axes = _axes(np.clip(np.asarray(x, dtype=np.float64), low, high), granularity)
+    return {RAW[k - 1]: (data**k).mean(axis=axes).reshape(-1) for k in range(1, order + 1)}
+
+
+def raw_moment_ranges(low: float, high: float, order: int) -> list[float]:
+    """R_k = max - min of x^k over [low, high]: how far one sample can move a per-sample term."""
+    out = []
+    for k in range(1, order + 1):
+        ends = (low**k, high**k)
+        floor = 0.0 if k % 2 == 0 and low <= 0.0 <= high else min(ends)
+        out.append(max(ends) - floor)
+    return out
+
+
+def stat_sensitivity(samples: int, values: int, order: int) -> float:
+    """L2 sensitivity of the released vector (E[x^k] / R_k for every k and element) when one of the
+    `samples` inputs is replaced: each of the order x values entries moves by at most 1/samples
+    (per channel, the sample's pixels are its share of the channel's average, so the bound is the same)."""
+    return math.sqrt(order * values) / max(samples, 1)
+
+
+@dataclass
+class PrivateStatistics:
+    raw: dict[str, np.ndarray]  # noised E[x^k], in the inputs' units
+    sigma: float  # noise std in units of R_k (0: no noise)
+    sensitivity: float  # of the normalised vector
+
+
+def privatize_moments(raw: Mapping[str, np.ndarray], ranges: Sequence[float], samples: int, epsilon: float | None,
+                      delta: float, rng: np.random.Generator) -> PrivateStatistics:
+    """One analytic Gaussian mechanism over all the released moments together: E[x^k] / R_k gets
+    N(0, sigma^2) with sigma calibrated to (epsilon, delta) for the whole vector's L2 sensitivity."""
+    keys = [k for k in RAW if k in raw]
+    values = int(np.asarray(raw[keys[0]]).size)
+    sens = stat_sensitivity(samples, values, len(keys))
+    sigma = 0.0 if epsilon is None else analytic_gaussian_sigma(epsilon, delta, sens)
     out = {}
-    for key in MOMENTS:
-        value = np.clip(np.asarray(m[key], dtype=np.float64), -clip, clip)
+    for key, r in zip(keys, ranges):
+        value = np.asarray(raw[key], dtype=np.float64)
         if sigma > 0:
-            value = value + rng.normal(0.0, sigma, size=value.shape)
+            value = value + r * rng.normal(0.0, sigma, size=value.shape)
         out[key] = value.astype(np.float32)
+    return PrivateStatistics(out, sigma, sens)
+
+
+def central_moments(raw: Mapping[str, np.ndarray], clip: float) -> dict[str, np.ndarray]:
+    """Mean, variance (floored) and, from four raw moments, skewness and kurtosis clamped to
+    [-clip, clip] (noise can make them anything)."""
+    r = {k: np.asarray(v, dtype=np.float64) for k, v in raw.items()}
+    mean = r["m1"]
+    var = np.maximum(r["m2"] - mean**2, VAR_FLOOR)
+    out = {"mean": mean, "var": var}
+    if "m4" in r:
+        m3 = r["m3"] - 3 * mean * r["m2"] + 2 * mean**3
+        m4 = r["m4"] - 4 * mean * r["m3"] + 6 * mean**2 * r["m2"] - 3 * mean**4
+        out["skew"] = np.clip(m3 / var**1.5, -clip, clip)
+        out["kurt"] = np.clip(m4 / var**2, -clip, clip)
     return out
 
 
 def aggregate_moments(reports: Sequence[tuple[Mapping[str, np.ndarray], float]]) -> dict[str, np.ndarray]:
     """Eq. 3.3: the n_k-weighted mean of each statistic over the reporting clients, variance floored."""
     total = sum(n for _, n in reports)
-    out = {key: sum(np.asarray(m[key], dtype=np.float64) * n for m, n in reports) / total for key in MOMENTS}
+    keys = [k for k in MOMENTS if k in reports[0][0]]
+    out = {key: sum(np.asarray(m[key], dtype=np.float64) * n for m, n in reports) / total for key in keys}
     out["var"] = np.maximum(out["var"], VAR_FLOOR)
     return {k: v.astype(np.float32) for k, v in out.items()}
 
@@ -88,8 +139,9 @@ def align(x: np.ndarray, target: Mapping[str, np.ndarray], granularity: str = "c
 
 
 def update_noise_scale(clip: float, epsilon: float, delta: float) -> float:
-    """Eq. 3.6: sigma with sigma^2 = 8 C^2 ln(1.25/delta) / eps^2 (Gaussian mechanism, sensitivity 2C)."""
-    return math.sqrt(8.0 * clip**2 * math.log(1.25 / delta)) / epsilon
+    """Eq. 3.6's Gaussian mechanism of sensitivity 2C, calibrated analytically: the paper's
+    sigma^2 = 8 C^2 ln(1.25/delta) / eps^2 is the classic bound, not DP for epsilon > 1."""
+    return analytic_gaussian_sigma(epsilon, delta, 2.0 * clip)
 
 
 @dataclass
@@ -124,7 +176,8 @@ class FedAlignConfig:
     rho: float = 1.0
     granularity: str = "channel"
     moments: int = 2
-    stat_clip: float = 10.0
+    stat_clip: float = 10.0  # bound on the derived skewness and kurtosis
+    input_range: tuple[float, float] = (0.0, 1.0)  # inputs are clamped to it before the statistics
     stat_epsilon: float | None = None
     stat_delta: float = 1e-5
     clip: float | None = None

@@ -9,6 +9,8 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
+from .accounting import analytic_gaussian_sigma
+
 MECHANISMS = ("none", "laplace", "gaussian")
 NOISE_FACTORS = ("code", "paper")
 CLIP_EPSILON = 1e-6  # torch.nn.utils.clip_grad_norm_ adds it to the norm
@@ -88,11 +90,13 @@ def noise_factor(kind: str, rounds: int, epochs: int, per_round: int, clients: i
 
 
 def noise_scale(mechanism: str, sens: float, factor: float, epsilon: float, delta: float = 0.0) -> float:
-    """Laplace: beta = sens * c_T / eps. Gaussian: sigma = sens * c_T * sqrt(2 ln(1.25/delta)) / eps."""
+    """Laplace: beta = sens * c_T / eps (Eq. 1.11). Gaussian: the analytic Gaussian mechanism's sigma
+    for (eps / c_T, delta) at L2 sensitivity sens; the classic sens * c_T * sqrt(2 ln(1.25/delta)) / eps
+    is not DP for eps / c_T > 1."""
     if mechanism == "laplace":
         return sens * factor / epsilon
     if mechanism == "gaussian":
-        return sens * factor * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+        return analytic_gaussian_sigma(epsilon / factor, delta, sens) if sens > 0 else 0.0
     return 0.0
 
 

@@ -38,7 +38,7 @@ class ServerConfig:
     round_policy: str = "all"  # all: wait for every selected client (or the deadline); first_k: close at K updates
     checkin: bool = False  # True: only clients that checked in are eligible, with their reported status
     checkin_wait_s: float = 0.0  # how long to collect check-ins before a round when too few are eligible
-    fedalign: bool = False  # a statistics phase (client moments in, global moments out) before training
+    fedalign: fedalign.FedAlignConfig | None = None  # a statistics phase (client moments in, global moments out) before training
     server_lr: float = 1.0  # step along the averaged update (Eq. 3.7); 1 is plain FedAvg
     eval_shards: list[np.ndarray] | None = None  # evaluate on each client's test split and average
 
@@ -169,10 +169,12 @@ class ServerActor:
             return Reaction()
         rnd.stats_waiting.discard(msg.src)
         try:
-            stats, _ = decode_state(msg.frames)
-            if set(stats) != set(fedalign.MOMENTS) or len({v.shape for v in stats.values()}) != 1:
-                raise CodecError(f"statistics must be {fedalign.MOMENTS} of one shape, got "
-                                 f"{ {k: v.shape for k, v in stats.items()} }")
+            raw, _ = decode_state(msg.frames)
+            wanted = fedalign.RAW[: self.cfg.fedalign.moments]
+            if sorted(raw) != sorted(wanted) or len({v.shape for v in raw.values()}) != 1:
+                raise CodecError(f"statistics must be {wanted} of one shape, got "
+                                 f"{ {k: v.shape for k, v in raw.items()} }")
+            stats = fedalign.central_moments(raw, self.cfg.fedalign.stat_clip)
         except CodecError as exc:
             self._reject(rnd, msg.src, "statistics", str(exc), {})
         else:

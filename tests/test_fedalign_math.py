@@ -29,22 +29,49 @@ def test_moments_per_channel_and_per_dimension():
     assert d["mean"][4] == pytest.approx(x[:, 1, 0, 0].mean())
 
 
-def test_gaussian_noise_scale_of_the_update():
-    # sigma^2 = 8 C^2 ln(1.25/delta) / eps^2
-    assert fedalign.update_noise_scale(1.0, 1.0, 1e-5) ** 2 == pytest.approx(8 * math.log(1.25e5))
-    assert fedalign.update_noise_scale(1.0, 1.0, 1e-5) == pytest.approx(9.68964, abs=1e-4)
-    assert fedalign.update_noise_scale(2.0, 4.0, 1e-5) == pytest.approx(fedalign.update_noise_scale(1.0, 1.0, 1e-5) / 2)
+def test_gaussian_noise_scale_of_the_update_is_the_analytic_mechanism():
+    # sensitivity 2C = 2 at (1, 1e-5): Balle & Wang's sigma 3.7306 per unit sensitivity, not the
+    # classic sqrt(8 ln(1.25e5)) = 9.69 (loose here and not DP at all for epsilon > 1)
+    assert fedalign.update_noise_scale(1.0, 1.0, 1e-5) == pytest.approx(2 * 3.73063, rel=1e-5)
+    assert fedalign.update_noise_scale(2.0, 1.0, 1e-5) == pytest.approx(2 * fedalign.update_noise_scale(1.0, 1.0, 1e-5))
+    assert fedalign.update_noise_scale(1.0, 1e4, 1e-5) > 10 * math.sqrt(8 * math.log(1.25e5)) / 1e4
 
 
-def test_statistics_noise_scale_and_clamp():
-    # replace-one sensitivity 2 S / |U| = 0.2, sigma = 0.2 sqrt(2 ln(1.25e5))
-    assert fedalign.stat_noise_scale(10.0, 100, 1.0, 1e-5) == pytest.approx(0.2 * math.sqrt(2 * math.log(1.25e5)))
-    m = {"mean": np.array([0.5]), "var": np.array([0.2]), "skew": np.array([-12.0]), "kurt": np.array([20.0])}
-    out = fedalign.privatize_moments(m, 10.0, 100, None, 1e-5, np.random.default_rng(0))
-    assert out["skew"][0] == -10.0 and out["kurt"][0] == 10.0 and out["mean"][0] == 0.5
-    big = {k: np.zeros(20000) for k in fedalign.MOMENTS}
-    noisy = fedalign.privatize_moments(big, 10.0, 100, 1.0, 1e-5, np.random.default_rng(1))
-    assert noisy["mean"].std() == pytest.approx(fedalign.stat_noise_scale(10.0, 100, 1.0, 1e-5), rel=0.03)
+def test_raw_moments_of_clamped_inputs_by_hand():
+    x = np.array([-1.0, 0.5, 1.0, 2.0]).reshape(4, 1, 1, 1)  # clamped to [0, 1]: 0, 0.5, 1, 1
+    raw = fedalign.raw_moments(x, "channel", 4, 0.0, 1.0)
+    assert raw["m1"].tolist() == [0.625] and raw["m2"].tolist() == [0.5625]
+    assert raw["m3"].tolist() == [pytest.approx(2.125 / 4)] and raw["m4"].tolist() == [pytest.approx(2.0625 / 4)]
+    assert fedalign.raw_moment_ranges(0.0, 1.0, 4) == [1.0, 1.0, 1.0, 1.0]
+    assert fedalign.raw_moment_ranges(-1.0, 2.0, 3) == [3.0, 4.0, 9.0]  # x^2 on [-1, 2] spans [0, 4]
+    central = fedalign.central_moments(fedalign.raw_moments(np.array([1.0, 2, 3, 4]).reshape(4, 1, 1, 1), "channel", 4, 0, 10), 10)
+    assert central["mean"][0] == pytest.approx(2.5) and central["var"][0] == pytest.approx(1.25)
+    assert central["skew"][0] == pytest.approx(0.0, abs=1e-9) and central["kurt"][0] == pytest.approx(1.64)
+
+
+def test_statistics_sensitivity_is_the_whole_vectors_and_one_mechanism_covers_it():
+    # one of 100 inputs replaced: each of 2 moments x 3 channels moves by at most R_k / 100
+    assert fedalign.stat_sensitivity(100, 3, 2) == pytest.approx(math.sqrt(6) / 100)
+    # the worst case reaches that bound: a black image replaced by a white one moves every channel's m1 and m2 by 1/n
+    x = np.zeros((100, 3, 2, 2))
+    y = x.copy()
+    y[0] = 1.0
+    a, b = (fedalign.raw_moments(v, "channel", 2, 0.0, 1.0) for v in (x, y))
+    moved = math.sqrt(sum(float(((a[k] - b[k]) ** 2).sum()) for k in a))
+    assert moved == pytest.approx(fedalign.stat_sensitivity(100, 3, 2))
+    big = {"m1": np.zeros(20000), "m2": np.zeros(20000)}
+    out = fedalign.privatize_moments(big, [1.0, 4.0], 100, 1.0, 1e-5, np.random.default_rng(1))
+    sens = fedalign.stat_sensitivity(100, 20000, 2)
+    assert out.sensitivity == sens and out.sigma == pytest.approx(3.73063 * sens, rel=1e-5)
+    assert out.raw["m1"].std() == pytest.approx(out.sigma, rel=0.03)
+    assert out.raw["m2"].std() == pytest.approx(4 * out.sigma, rel=0.03)  # in units of R_2
+    assert fedalign.privatize_moments(big, [1.0, 4.0], 100, None, 1e-5, np.random.default_rng(1)).sigma == 0.0
+
+
+def test_skewness_and_kurtosis_from_noised_moments_are_clamped():
+    central = fedalign.central_moments({"m1": np.array([0.0]), "m2": np.array([1e-9]), "m3": np.array([1.0]),
+                                        "m4": np.array([1.0])}, 10.0)
+    assert central["var"][0] == fedalign.VAR_FLOOR and central["skew"][0] == 10.0 and central["kurt"][0] == 10.0
 
 
 def test_aggregate_weighted_by_samples_with_variance_floor():

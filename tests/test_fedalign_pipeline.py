@@ -5,6 +5,7 @@ import json
 import pytest
 
 from conftest import read_csv, run_cli, write_scenario
+from node.accounting import analytic_gaussian_sigma
 from node.fedalign import update_noise_scale
 
 INPUTS = 3 * 8 * 8
@@ -53,8 +54,8 @@ def test_statistics_round_trip_is_real_messages_in_order(tmp_path, granularity, 
         mine = [t for t in transfers if int(t["round"]) == rnd]
         by_kind = {k: [t for t in mine if t["kind"] == k] for k in ("task", "stats", "moments", "update")}
         assert [len(by_kind[k]) for k in ("task", "stats", "moments", "update")] == [3, 3, 3, 3]
-        # four moments of `values` float32 numbers each way
-        assert {int(t["payload_bytes"]) for t in by_kind["stats"] + by_kind["moments"]} == {4 * values * 4}
+        # two moments (moments: 2) of `values` float32 numbers each way: E[x], E[x^2] up, mean and variance down
+        assert {int(t["payload_bytes"]) for t in by_kind["stats"] + by_kind["moments"]} == {4 * values * 2}
         assert {t["dst"] for t in by_kind["stats"]} == {"server"} and {t["src"] for t in by_kind["moments"]} == {"server"}
         assert {int(t["payload_bytes"]) for t in by_kind["update"]} == {4 * MLP}
         last_stats = max(float(t["t_end"]) for t in by_kind["stats"])
@@ -69,8 +70,8 @@ def test_statistics_round_trip_is_real_messages_in_order(tmp_path, granularity, 
     rows = read_csv(out / "rounds.csv")
     assert all(int(r["completed"]) == 3 for r in rows)
     # statistics bytes count in the round: 3 x (task + moments) down, 3 x (stats + update) up
-    assert int(rows[0]["payload_bytes_up"]) == 3 * (4 * MLP + 16 * values)
-    assert int(rows[0]["payload_bytes_down"]) == 3 * (4 * MLP + 16 * values)
+    assert int(rows[0]["payload_bytes_up"]) == 3 * (4 * MLP + 8 * values)
+    assert int(rows[0]["payload_bytes_down"]) == 3 * (4 * MLP + 8 * values)
 
 
 def test_update_is_clipped_and_noised(tmp_path):
@@ -82,6 +83,17 @@ def test_update_is_clipped_and_noised(tmp_path):
     assert all(float(c["update_norm"]) > 0 for c in clients)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["best_accuracy"] is not None
+    # the ledger: per participation one statistics release (5, 1e-5) and one update release (1000, 1e-5)
+    spent = summary["privacy_spent"]
+    rho_update = 4.0**2 / (2 * sigma**2)  # sensitivity 2C = 4
+    rho_stats = 1 / (2 * analytic_gaussian_sigma(5.0, 1e-5, 1.0) ** 2)  # sigma scales with the sensitivity
+    for name, ledger in spent["per_client"].items():
+        times = sum(c["client"] == name for c in clients)
+        assert ledger["releases"] == 2 * times
+        assert ledger["basic"]["epsilon"] == pytest.approx(times * 1005.0)
+        assert ledger["basic"]["delta"] == pytest.approx(times * 2e-5)
+        assert ledger["zcdp"]["rho"] == pytest.approx(times * (rho_update + rho_stats))
+    assert spent["clients"] == len({c["client"] for c in clients})
 
 
 def test_damaged_statistics_are_rejected_and_the_round_goes_on_without_that_client(tmp_path):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from node.accounting import analytic_gaussian_sigma
 from node.data import by_user_labels, partition_by_user
 from node.models import build_model, count_parameters
 from node.privacy import (LipschitzEstimate, add_noise, clip_gradients, flat_gradient, noise_factor, noise_scale,
@@ -175,7 +176,8 @@ def test_noise_factor_options():
     assert noise_factor("code", 1000, 5, 10, 100) == pytest.approx(20.0)
     assert noise_factor("paper", 1000, 5, 10, 100) == pytest.approx(100.0)
     assert noise_scale("laplace", 2.0, 20.0, 1e4) == pytest.approx(2.0 * 20 / 1e4)
-    assert noise_scale("gaussian", 2.0, 20.0, 1e4, 1e-5) == pytest.approx(2.0 * 20 * math.sqrt(2 * math.log(1.25e5)) / 1e4)
+    # the analytic Gaussian mechanism at (eps / c_T, delta), not the classic sqrt(2 ln(1.25/delta)) bound
+    assert noise_scale("gaussian", 2.0, 20.0, 1e4, 1e-5) == pytest.approx(analytic_gaussian_sigma(1e4 / 20, 1e-5, 2.0))
 
 
 def test_laplace_noise_has_the_scale_beta():

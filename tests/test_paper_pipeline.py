@@ -123,6 +123,14 @@ def test_laplace_reports_noise_scale_and_epsilon(runs):
         assert lam > 0 and sens > 0
         assert beta == pytest.approx(sens * c_t / 10000)
     assert summary["mean_noise_scale"] > 0
+    # the ledger: each upload is one Laplace release of epsilon / c_T; pure DP, so delta stays 0
+    spent = summary["privacy_spent"]
+    for name, ledger in spent["per_client"].items():
+        times = sum(c["client"] == name for c in read_csv(dirs["int8"] / "clients.csv"))
+        assert ledger["releases"] == times
+        assert ledger["basic"] == {"epsilon": pytest.approx(times * 10000 / c_t), "delta": 0.0}
+        assert ledger["zcdp"]["rho"] == pytest.approx(times * (10000 / c_t) ** 2 / 2)
+    assert spent["max_basic_epsilon"] == max(c["basic"]["epsilon"] for c in spent["per_client"].values())
 
 
 def test_communication_only_mode_sends_the_same_bytes_without_training(runs, tmp_path):

@@ -1,0 +1,60 @@
+"""DP calibration and composition (issue 13, item 4) against published and hand-computed values."""
+import math
+
+import numpy as np
+import pytest
+
+from node.accounting import (analytic_gaussian_sigma, compose, gaussian_delta, gaussian_release, laplace_release,
+                             ledger_summary, log_ndtr, zcdp_epsilon)
+from node.privacy import noise_scale
+
+
+def test_log_ndtr_matches_erfc_and_the_far_tail():
+    for x in (-5.0, -1.0, 0.0, 2.0):
+        assert log_ndtr(x) == pytest.approx(math.log(0.5 * math.erfc(-x / math.sqrt(2))), rel=1e-12)
+    # at -30 both branches agree; at -100, Phi ~ exp(-5000) / (100 sqrt(2 pi))
+    assert log_ndtr(-30.0 + 1e-9) == pytest.approx(log_ndtr(-30.0 - 1e-9), rel=1e-9)
+    assert log_ndtr(-100.0) == pytest.approx(-5000 - math.log(100) - 0.5 * math.log(2 * math.pi) + math.log(1 - 1e-4 + 3e-8), rel=1e-12)
+
+
+def test_analytic_gaussian_matches_balle_and_wang():
+    # Balle & Wang 2018, Figure / Table: eps = 1, delta = 1e-5 -> sigma ~ 3.73 per unit sensitivity
+    assert analytic_gaussian_sigma(1.0, 1e-5, 1.0) == pytest.approx(3.7306, abs=1e-4)
+    for eps, delta in [(0.1, 1e-6), (1.0, 1e-5), (8.0, 1e-5), (1e4, 1e-5)]:
+        sigma = analytic_gaussian_sigma(eps, delta, 2.0)
+        assert gaussian_delta(sigma, eps, 2.0) <= delta < gaussian_delta(sigma * (1 - 1e-6), eps, 2.0)
+        assert analytic_gaussian_sigma(eps, delta, 1.0) == pytest.approx(sigma / 2, rel=1e-8)  # linear in sensitivity
+
+
+def test_classic_calibration_fails_above_epsilon_one_and_is_loose_below():
+    classic = lambda eps, delta: math.sqrt(2 * math.log(1.25 / delta)) / eps  # noqa: E731
+    assert gaussian_delta(classic(0.5, 1e-5), 0.5, 1.0) < 1e-5  # valid, with room to spare
+    assert gaussian_delta(classic(10.0, 1e-5), 10.0, 1.0) > 2e-5  # not (10, 1e-5)-DP
+    assert gaussian_delta(classic(1e4, 1e-5), 1e4, 1.0) > 0.99  # no privacy at all
+
+
+def test_core_gaussian_option_is_analytic_at_epsilon_over_c_t():
+    assert noise_scale("gaussian", 2.0, 4.0, 8.0, 1e-5) == pytest.approx(analytic_gaussian_sigma(2.0, 1e-5, 2.0))
+    assert noise_scale("laplace", 2.0, 4.0, 8.0) == pytest.approx(1.0)  # Eq. 1.11: sens c_T / eps
+
+
+def test_composition_basic_and_zcdp_by_hand():
+    releases = [laplace_release("update", 0.5)] * 4 + [gaussian_release("statistics", 2.0, 1.0, 1.0, 1e-5)] * 2
+    total = compose(releases, 1e-6)
+    assert total["releases"] == 6
+    assert total["basic"] == {"epsilon": pytest.approx(4.0), "delta": pytest.approx(2e-5)}
+    rho = 4 * 0.5**2 / 2 + 2 * 1.0 / (2 * 4.0)  # 0.5 + 0.25
+    assert total["zcdp"]["rho"] == pytest.approx(rho)
+    assert total["zcdp"]["epsilon"] == pytest.approx(rho + 2 * math.sqrt(rho * math.log(1e6)))
+    # many small releases: zCDP grows like sqrt(k), basic like k
+    many = compose([gaussian_release("u", 10.0, 1.0, 0.5, 1e-6)] * 1000, 1e-5)
+    assert many["zcdp"]["epsilon"] < many["basic"]["epsilon"] / 5
+    assert zcdp_epsilon(0.0, 1e-5) == 0.0
+
+
+def test_ledger_reports_each_client_and_the_worst():
+    ledger = ledger_summary({"c1": [laplace_release("update", 1.0)] * 3, "c0": [laplace_release("update", 1.0)]}, 1e-5)
+    assert list(ledger["per_client"]) == ["c0", "c1"] and ledger["clients"] == 2
+    assert ledger["max_basic_epsilon"] == 3.0 and ledger["max_basic_delta"] == 0.0
+    assert ledger["max_zcdp_epsilon"] == pytest.approx(zcdp_epsilon(1.5, 1e-5))
+    assert np.isfinite(ledger["max_zcdp_epsilon"])
