@@ -1,5 +1,6 @@
 """Devices in emulated time, as pure functions and small seeded processes: availability (always,
-two-state Markov, FedScale-style traces), background CPU load, and the battery.
+two-state Markov, FedScale-style traces) and the battery. Background CPU load is node/compute.py:
+the clients follow it to time their own training.
 
 The network process owns one DeviceState per client and asks these what happens when; nothing
 here touches sockets or wall time."""
@@ -115,19 +116,6 @@ def capacity_from_trace(record: Any, where: str) -> tuple[float, float]:
     if comp <= 0 or comm <= 0:
         raise ValueError(f"{where}: computation and communication must be > 0")
     return comp, comm
-
-
-# ---- CPU load -----------------------------------------------------------------------------------
-def cpu_load(seed: int, device: int, t: float, period_s: float, mean: float, concentration: float = 10.0) -> float:
-    """Background CPU load at emulated time t: piecewise constant over periods of period_s, each a
-    Beta draw with the given mean (concentration a + b), keyed by (seed, device, period) so any
-    process computes the same value. Load slows compute: time = base / (1 - load)."""
-    if mean <= 0:
-        return 0.0
-    k = int(t // period_s) if period_s > 0 else 0
-    rng = np.random.default_rng([seed, device, k, 0xC0])
-    a, b = mean * concentration, (1 - mean) * concentration
-    return float(min(rng.beta(a, b), 0.95))
 
 
 # ---- battery ------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ import zmq
 import numpy as np
 
 from protocol import envelope
-from .devices import DeviceSpec, cpu_load, stable_key
+from node.compute import LoadModel, cpu_load
+
+from .devices import DeviceSpec, stable_key
 from .links import INF, FlowModel, Framing
 from .transport import TcpParams, TcpTransport
 
@@ -259,7 +261,10 @@ class Network:
         else:
             until = max(float(env["busy_until"]), hold[1])
             self.holds[env["hold"]] = (hold[0], until)
-            self._drain_compute(hold[0], hold[1], until)
+            # training power for the full-speed seconds only: under background load the rest of the
+            # stretched interval runs other apps, whose energy is not this task's
+            busy = until - hold[1] if env["busy_s"] is None else min(float(env["busy_s"]), until - hold[1])
+            self._drain_compute(hold[0], hold[1], until, busy)
 
     def _on_peer_lost(self, peer: str) -> None:
         lost = [a for a in self.peer_actors.get(peer, []) if a not in self.dead]
@@ -450,6 +455,8 @@ class Network:
         status: dict[str, Any] = {"link": spec.link, "device": spec.device, "up_mbps": link.up_bps / MB,
                                   "down_mbps": link.down_bps / MB,
                                   "cpu_load": cpu_load(self.cfg.seed, spec.index, self.now, spec.load_period_s, spec.load_mean)}
+        if spec.load_mean > 0:  # the process itself, so a client can follow its load through a long task
+            status["load"] = LoadModel(self.cfg.seed, spec.index, spec.load_period_s, spec.load_mean).as_status()
         if spec.battery is not None:
             spec.battery.advance(self.now)
             status.update(battery=spec.battery.fraction, charging=spec.battery.charging)
@@ -508,14 +515,16 @@ class Network:
         if short > 0:
             self.push(t_empty, DEVICE, actor, next(self.net_counter), 0, ("device", actor, "battery"))
 
-    def _drain_compute(self, actor: str, start: float, until: float) -> None:
+    def _drain_compute(self, actor: str, start: float, until: float, busy_s: float) -> None:
         spec = self.devices.get(actor)
         if spec is None or spec.battery is None or until <= start:
             return
         spec.battery.advance(self.now)
         level = spec.battery.level_j
-        joules = spec.train_w * (until - start)
-        self._spend(actor, joules, "train", start + (level / spec.train_w if spec.train_w > 0 else 0.0))
+        joules = spec.train_w * busy_s
+        # the battery runs dry after level / train_w busy seconds, stretched like the whole task
+        stretch = (until - start) / busy_s if busy_s > 0 else 1.0
+        self._spend(actor, joules, "train", start + (level / spec.train_w * stretch if spec.train_w > 0 else 0.0))
 
     def _drain_transfer(self, tr: Transfer, link_bytes: int) -> None:
         for actor, attr in ((tr.src, "j_per_mb_up"), (tr.dst, "j_per_mb_down")):

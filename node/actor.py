@@ -41,6 +41,7 @@ class Reaction:
     timers: list[tuple[float, str]] = field(default_factory=list)  # (emulated time, tag)
     reports: list[Report] = field(default_factory=list)  # to the conductor, off the emulated clock, in order
     work_s: float = 0.0
+    busy_s: float | None = None  # of work_s, the seconds the device computes at full speed (its energy); None: all
     # Runs on the worker thread. It returns the outcome, or a continuation that the runtime calls on its
     # own thread (for outcomes that change actor state, like starting the next round).
     work: Callable[[], "Reaction | Callable[[], Reaction]"] | None = None

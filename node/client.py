@@ -15,6 +15,7 @@ import torch
 from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
 from . import accounting, fedalign
 from .actor import Message, Reaction, Send
+from .compute import LoadModel, full_speed_seconds, loaded_duration
 from .data import Dataset, with_input_noise
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
 from .privacy import add_noise, noise_scale, sensitivity
@@ -30,6 +31,13 @@ class ClientProfile:
     ms_per_sample: float  # modelled compute speed of its device
     test_indices: np.ndarray | None = None  # its own test split, where the algorithm evaluates per client
     input_noise: float = 0.0  # std of the fixed Gaussian noise on its training inputs (feature skew)
+    ms_per_batch: float = 0.0  # modelled fixed cost of one training step of its device
+
+    def duration(self, busy_s: float, t: float, device: dict | None) -> float:
+        """Emulated seconds for busy_s of full-speed compute begun at t, under the device's background
+        load period by period (the load the device reported when no process is given)."""
+        device = device or {}
+        return loaded_duration(busy_s, t, LoadModel.from_status(device), float(device.get("cpu_load", 0.0)))
 
     def training_data(self, train: Dataset, seed: int) -> tuple[Dataset, np.ndarray]:
         """The data this client trains on and its indices there: the shared training set, or its own
@@ -89,11 +97,6 @@ class Trainer:
         load_numpy_state(self.model, state)
         result = train_local(self.model, data or self.task.train, indices, cfg, rng, fixed_order)
         return state_to_numpy(self.model), result
-
-
-def training_seconds(ms_per_sample: float, samples: int, epochs: int, cpu_load: float = 0.0) -> float:
-    """Modelled training time; background CPU load leaves only (1 - load) of the device to us."""
-    return ms_per_sample * samples * epochs / 1000.0 / max(1e-3, 1.0 - cpu_load)
 
 
 class ClientActor:
@@ -208,9 +211,9 @@ class ClientActor:
 
             return deliver
 
-        load = float((now.device or {}).get("cpu_load", 0.0))
         status = self.status(now)
-        return Reaction(work_s=training_seconds(self.profile.ms_per_sample, trained_on, local.epochs, load), work=work)
+        busy = full_speed_seconds(self.profile.ms_per_sample, trained_on, local.epochs, local.batch_size, self.profile.ms_per_batch)
+        return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work)
 
     # ---- FedAlign (ALGORITHMS.md 3.1) ------------------------------------------------------------
     def _send_statistics(self, task: Message) -> Reaction:

@@ -3,6 +3,7 @@ unless the scenario allows it."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DATASETS = ("mnist", "fashion_mnist", "synthetic")
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "femnist", "shakespeare", "synthetic")
+LEAF = ("femnist", "shakespeare")  # LEAF's JSON: the data come split by writer
+# LEAF's Shakespeare vocabulary (leaf/models/utils/language_utils.py): 80 printable characters
+LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 ENV_DATA_ROOT = "EMULATOR_DATA"
 
 
@@ -20,9 +24,10 @@ class DataError(RuntimeError):
 
 @dataclass
 class Dataset:
-    x: torch.Tensor  # uint8 images (N, C, H, W) or float features
+    x: torch.Tensor  # uint8 images (N, C, H, W), float features, or int64 tokens (N, L)
     y: torch.Tensor  # int64 labels
     classes: int
+    users: np.ndarray | None = None  # the user (writer) of each sample, where the data come split by user
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -109,6 +114,112 @@ def _torchvision(name: str, root: Path, download: bool) -> tuple[Dataset, Datase
     )
 
 
+def read_cifar10(root: Path) -> tuple[Dataset, Dataset]:
+    """CIFAR-10 in torchvision's `cifar-10-batches-py` layout: pickled batches data_batch_1..5 and
+    test_batch, each {b"data": uint8 (N, 3072) as R, G, B planes of 32 x 32, b"labels": [N]}."""
+    import pickle
+
+    folder = root / "cifar-10-batches-py"
+    names = {True: [f"data_batch_{i}" for i in range(1, 6)], False: ["test_batch"]}
+    missing = [n for ns in names.values() for n in ns if not (folder / n).exists()]
+    if missing:
+        raise DataError(f"dataset 'cifar10' not found under {folder} (missing {', '.join(missing)}). Put torchvision's "
+                        f"cifar-10-batches-py folder there, or point task.data_root or ${ENV_DATA_ROOT} at its parent.")
+    out = []
+    for train in (True, False):
+        xs, ys = [], []
+        for name in names[train]:
+            try:
+                with open(folder / name, "rb") as f:
+                    batch = pickle.load(f, encoding="bytes")  # noqa: S301  (the user's own data files)
+                data, labels = np.asarray(batch[b"data"], dtype=np.uint8), np.asarray(batch[b"labels"], dtype=np.int64)
+            except Exception as exc:  # pickle and a wrong structure raise many unrelated types
+                raise DataError(f"{folder / name}: not a CIFAR-10 batch ({type(exc).__name__}: {exc})") from None
+            if data.ndim != 2 or data.shape[1] != 3072 or labels.shape != (data.shape[0],):
+                raise DataError(f"{folder / name}: expected data (N, 3072) and N labels, got {data.shape} and {labels.shape}")
+            xs.append(data.reshape(-1, 3, 32, 32))
+            ys.append(labels)
+        out.append(Dataset(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)), 10))
+    return out[0], out[1]
+
+
+def _leaf_folder(root: Path, name: str, split: str) -> Path:
+    """LEAF writes data/NAME/data/{train,test}/*.json; a copy of just the two folders also works."""
+    for folder in (root / name / "data" / split, root / name / split):
+        if folder.is_dir() and any(folder.glob("*.json")):
+            return folder
+    raise DataError(f"dataset {name!r} not found: no JSON files in {root / name / 'data' / split} or {root / name / split}. "
+                    f"Generate it with LEAF (data/{name}/preprocess.sh) and point task.data_root or ${ENV_DATA_ROOT} at the "
+                    "folder that holds its data directory.")
+
+
+def _leaf_samples(name: str, x: list, where: str) -> np.ndarray:
+    if name == "femnist":  # 784 floats in [0, 1] per sample, a 28 x 28 image
+        arr = np.asarray(x, dtype=np.float32)
+        if arr.ndim != 2 or arr.shape[1] != 784:
+            raise DataError(f"{where}: FEMNIST samples must be 784 floats each, got shape {arr.shape}")
+        return arr.reshape(-1, 1, 28, 28)
+    index = {c: i for i, c in enumerate(LEAF_LETTERS)}  # Shakespeare: 80 characters of text per sample
+    try:
+        return np.asarray([[index[c] for c in text] for text in x], dtype=np.int64)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{where}: Shakespeare samples must be strings of equal length over LEAF's 80 letters ({exc!r})") from None
+
+
+def _leaf_labels(name: str, y: list, where: str) -> np.ndarray:
+    if name == "femnist":
+        return np.asarray(y, dtype=np.int64)
+    try:
+        return np.asarray([LEAF_LETTERS.index(c) for c in y], dtype=np.int64)
+    except (ValueError, TypeError) as exc:
+        raise DataError(f"{where}: Shakespeare labels must be single letters of LEAF's vocabulary ({exc!r})") from None
+
+
+def read_leaf(root: Path, name: str) -> tuple[Dataset, Dataset]:
+    """LEAF's JSON ({"users": [...], "user_data": {user: {"x": [...], "y": [...]}}}), train and test
+    files alike. Users are numbered in order of their first appearance in the training files
+    (sorted by file name); a test user absent from training gets the next numbers."""
+    order: dict[str, int] = {}
+    out = []
+    for split in ("train", "test"):
+        folder = _leaf_folder(root, name, split)
+        xs, ys, us = [], [], []
+        for path in sorted(folder.glob("*.json")):
+            try:
+                blob = json.loads(path.read_text())
+                users, user_data = blob["users"], blob["user_data"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DataError(f"{path}: not LEAF JSON with 'users' and 'user_data' ({type(exc).__name__}: {exc})") from None
+            for user in users:
+                record = user_data.get(user) if isinstance(user_data, dict) else None
+                if not isinstance(record, dict) or "x" not in record or "y" not in record:
+                    raise DataError(f"{path}: user {user!r} has no x and y in user_data")
+                where = f"{path}: user {user!r}"
+                x, y = _leaf_samples(name, record["x"], where), _leaf_labels(name, record["y"], where)
+                if len(x) != len(y):
+                    raise DataError(f"{where}: {len(x)} samples but {len(y)} labels")
+                order.setdefault(user, len(order))
+                xs.append(x)
+                ys.append(y)
+                us.append(np.full(len(y), order[user], dtype=np.int64))
+        if not xs:
+            raise DataError(f"{folder}: the JSON files list no users")
+        x = np.concatenate(xs)
+        out.append(Dataset(torch.from_numpy(x), torch.from_numpy(np.concatenate(ys)),
+                           62 if name == "femnist" else len(LEAF_LETTERS), np.concatenate(us)))
+    return out[0], out[1]
+
+
+def leaf_split(train: Dataset, test: Dataset, clients: int) -> UserSplit:
+    """The writers as LEAF splits them, writer j merged into client j mod N like the FedML split."""
+    writers = int(train.users.max()) + 1
+    if clients > writers:
+        raise DataError(f"the data hold {writers} writers; cannot make {clients} clients")
+    per_writer = lambda d: [np.flatnonzero(d.users == w) for w in range(writers)]  # noqa: E731
+    # a test writer absent from training stays in the test set, in nobody's own test split
+    return UserSplit(train, test, merge_users(per_writer(train), clients), merge_users(per_writer(test), clients))
+
+
 def synthetic(samples: int, test_samples: int, shape: tuple[int, ...], classes: int, seed: int) -> tuple[Dataset, Dataset]:
     """Seeded, learnable data: each class is a fixed random pattern plus noise."""
     gen = torch.Generator().manual_seed(seed)
@@ -127,7 +238,12 @@ def load(name: str, root: str | Path | None, download: bool = False, **synthetic
         return synthetic(**synthetic_args)
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
-    return _torchvision(name, Path(root) if root else default_data_root(), download)
+    folder = Path(root) if root else default_data_root()
+    if name == "cifar10":
+        return read_cifar10(folder)
+    if name in LEAF:
+        return read_leaf(folder, name)
+    return _torchvision(name, folder, download)
 
 
 def partition_iid(n_samples: int, clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -301,6 +417,36 @@ def partition_label_skew(labels: np.ndarray, clients: int, k: int, rng: np.rando
             parts.append(np.asarray(got, dtype=np.int64))
         shards.append(np.sort(np.concatenate(parts)))
     return shards
+
+
+def partition_dirichlet_fedml(labels: np.ndarray, clients: int, alpha: float, min_size: int = 10, seed: int = 10) -> list[np.ndarray]:
+    """FedML's LDA split (partition_method=hetero, ALGORITHMS.md 1.7): numpy's legacy generator
+    seeded with `seed`; per class, p ~ Dir(alpha 1_N), p_j set to 0 for clients that already hold
+    n/N samples, renormalised, cut by cumsum; the whole draw repeated until every client has
+    min_size samples; each client's indices shuffled."""
+    rng = np.random.RandomState(seed)
+    n, classes = labels.size, np.unique(labels)
+    for _ in range(1000):
+        parts: list[list[int]] = [[] for _ in range(clients)]
+        for c in classes:
+            idx = np.flatnonzero(labels == c)
+            rng.shuffle(idx)
+            p = rng.dirichlet(np.repeat(alpha, clients))
+            p = np.array([pj * (len(part) < n / clients) for pj, part in zip(p, parts)])
+            p = p / p.sum()
+            cuts = (np.cumsum(p) * idx.size).astype(int)[:-1]
+            for part, chunk in zip(parts, np.split(idx, cuts)):
+                part.extend(chunk.tolist())
+        if min(len(part) for part in parts) >= min_size:
+            break
+    else:
+        raise DataError(f"FedML's Dirichlet(alpha={alpha}) could not give each of {clients} clients {min_size} samples")
+    out = []
+    for part in parts:
+        idx = np.asarray(part, dtype=np.int64)
+        rng.shuffle(idx)
+        out.append(np.sort(idx))
+    return out
 
 
 def partition_dirichlet_floor(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:

@@ -72,7 +72,22 @@ class FirmaMLP(nn.Module):
         return self.head(self.extractor((x - 0.5) / 0.5))
 
 
-MODELS = ("mnist_cnn", "mlp", "vgg7", "firma_mlp")
+class CharLSTM(nn.Module):
+    """LEAF's Shakespeare model: 8-dimensional character embedding, two LSTM layers of 256, a linear
+    layer to the next character (leaf/models/shakespeare/stacked_lstm.py)."""
+
+    def __init__(self, vocabulary: int, classes: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, 8)
+        self.lstm = nn.LSTM(8, 256, num_layers=2, batch_first=True)
+        self.out = nn.Linear(256, classes)
+
+    def forward(self, x):
+        hidden, _ = self.lstm(self.embed(x))
+        return self.out(hidden[:, -1])
+
+
+MODELS = ("mnist_cnn", "mlp", "vgg7", "firma_mlp", "char_lstm")
 # Parameters that never leave a client in the ring algorithms, by name prefix.
 PRIVATE_PREFIX = {"firma_mlp": "head."}
 
@@ -91,6 +106,10 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
         if len(input_shape) != 3:
             raise ValueError(f"vgg7 needs C x H x W inputs, got {input_shape}")
         return VGG7(input_shape[0], classes)
+    if name == "char_lstm":
+        if len(input_shape) != 1:
+            raise ValueError(f"char_lstm needs sequences of character indices, got inputs of shape {input_shape}")
+        return CharLSTM(classes, classes)
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
 
 
@@ -112,29 +131,42 @@ def state_spec(model: nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
     }
 
 
-def training_flops(model: nn.Module, input_shape: tuple[int, ...]) -> float:
+def training_flops(model: nn.Module, input_shape: tuple[int, ...], trained: str | None = None) -> float:
     """FLOPs of one training sample: 2 per multiply-accumulate of the convolutions and linear layers
-    in the forward pass, times 3 for forward plus backward (the usual estimate; activations,
-    normalisation and pooling are left out). The MNIST CNN comes to 73.6 MFLOP."""
-    macs = 0
+    in the forward pass, and 4 more in the backward pass (the usual 3x estimate; activations,
+    normalisation and pooling are left out). The MNIST CNN comes to 73.6 MFLOP. With `trained`,
+    only the layers whose names start with it are trained: the others (frozen, and before them in
+    the network) have no backward pass."""
+    macs = total_macs = 0
 
-    def count(module, inputs, output):
-        nonlocal macs
-        if isinstance(module, nn.Conv2d):
-            kernel = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-            macs += output[0].numel() * kernel
-        elif isinstance(module, nn.Linear):
-            macs += module.in_features * module.out_features
+    def count(name):
+        def hook(module, inputs, output):
+            nonlocal macs, total_macs
+            if isinstance(module, nn.Conv2d):
+                kernel = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+                n = output[0].numel() * kernel
+            elif isinstance(module, nn.LSTM):  # four gates per layer per step, on the input and the state
+                size = module.hidden_size
+                n = inputs[0].shape[1] * sum(4 * size * ((module.input_size if i == 0 else size) + size)
+                                             for i in range(module.num_layers))
+            else:
+                n = module.in_features * module.out_features
+            total_macs += n
+            if trained is None or f"{name}.".startswith(trained):
+                macs += n
+        return hook
 
-    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    counted = (nn.Conv2d, nn.Linear, nn.LSTM)
+    hooks = [m.register_forward_hook(count(name)) for name, m in model.named_modules() if isinstance(m, counted)]
+    tokens = any(isinstance(m, nn.Embedding) for m in model.modules())
     try:
         with torch.no_grad():
             model.eval()
-            model(torch.zeros((1, *input_shape)))
+            model(torch.zeros((1, *input_shape), dtype=torch.long if tokens else torch.float32))
     finally:
         for h in hooks:
             h.remove()
-    return 6.0 * macs
+    return 2.0 * total_macs + 4.0 * macs
 
 
 def count_parameters(model: nn.Module) -> int:

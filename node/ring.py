@@ -23,7 +23,8 @@ import torch
 from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_codec
 from . import firma
 from .actor import Message, Reaction, Send
-from .client import ClientProfile, TaskSpec, training_seconds
+from .client import ClientProfile, TaskSpec
+from .compute import full_speed_seconds
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .strategy import WeightedAverage
 from .training import accuracy_on, train_part
@@ -47,6 +48,7 @@ class RingConfig:
     eval_every: int = 1
     private_prefix: str = "head."
     pass_timeout_s: float | None = None  # give up waiting for a neighbour (or the warm-up aggregator) after this
+    head_epoch_share: float = 1.0  # cost of a head-only epoch against a full one (the frozen extractor: forward only)
 
     @property
     def passes(self) -> int:
@@ -111,13 +113,13 @@ class RingClientActor:
         self.inbox: dict[tuple[int, int], dict[str, tuple[dict, float]]] = defaultdict(dict)
         self.warm_models: dict[int, dict[str, tuple[dict, float]]] = defaultdict(dict)  # aggregator only
         self.timeouts = 0  # passes (or warm-ups) of this round that went on without a silent neighbour
-        self.cpu_load = 0.0  # background load of the device, as last delivered
+        self.device: dict | None = None  # the device's state, as last delivered
         self.phase = "idle"  # idle | training | gossip | warmup_wait | finished
 
     # ---- reactions ---------------------------------------------------------------------------
     def react(self, msg: Message) -> Reaction:
         if msg.device:
-            self.cpu_load = float(msg.device.get("cpu_load", 0.0))
+            self.device = msg.device
         if msg.kind == "start":
             return self._begin(0, msg.t)
         if msg.kind == "gossip":
@@ -143,7 +145,14 @@ class RingClientActor:
         self.phase = "training"
         warm = index < self.cfg.warmup
         epochs = max(self.cfg.epochs_head, self.cfg.epochs_extractor) if warm else self.cfg.epochs_head + self.cfg.epochs_extractor
-        duration = training_seconds(self.profile.ms_per_sample, int(self.profile.indices.size), epochs, self.cpu_load)
+        n, bs = int(self.profile.indices.size), self.cfg.batch_size
+        if warm:
+            busy = full_speed_seconds(self.profile.ms_per_sample, n, epochs, bs, self.profile.ms_per_batch)
+        else:  # a head-only epoch runs the frozen extractor forward only
+            busy = full_speed_seconds(self.profile.ms_per_sample * self.cfg.head_epoch_share, n, self.cfg.epochs_head, bs,
+                                      self.profile.ms_per_batch) \
+                + full_speed_seconds(self.profile.ms_per_sample, n, self.cfg.epochs_extractor, bs, self.profile.ms_per_batch)
+        duration = self.profile.duration(busy, t, self.device)
         rng = np.random.default_rng([self.cfg.seed, index, self.profile.index])
         data, idx, bs = self.data, self.indices, self.cfg.batch_size
 
@@ -163,7 +172,7 @@ class RingClientActor:
 
             return trained
 
-        return Reaction(work_s=duration, work=work)
+        return Reaction(work_s=duration, busy_s=busy, work=work)
 
     def _reject(self, msg: Message, error: str) -> Reaction:
         """A message that does not decode is an incident of the run; the client goes on without it."""

@@ -106,10 +106,10 @@ class Runtime:
 
     def _start_work(self, sock: zmq.Socket, actor: str, hold: int, reaction: Reaction, t: float) -> None:
         if reaction.work is None:
-            sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=None))
+            sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=None, busy_s=None))
             return
         ready_at = t + max(0.0, reaction.work_s)
-        sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=ready_at))
+        sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=ready_at, busy_s=reaction.busy_s))
         with self._jobs_cv:
             heapq.heappush(self._jobs, _Job(ready_at, next(self._job_seq), actor, hold, reaction.work))
             self._jobs_cv.notify()
@@ -122,7 +122,7 @@ class Runtime:
         actor = self.actors.get(env["dst"])
         if actor is None:
             print(f"[{self.peer}] delivery for unknown actor {env['dst']!r} dropped", file=sys.stderr)
-            sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None))
+            sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
             return
         msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames, env["device"])
         try:
@@ -136,7 +136,7 @@ class Runtime:
     def _resume(self, sock: zmq.Socket, env: dict[str, Any], rid: int) -> None:
         actor, continuation = self._resumes.pop(rid, (env["dst"], None))
         if continuation is None or actor != env["dst"]:
-            sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None))
+            sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
             return
         try:
             reaction = continuation()
@@ -205,7 +205,7 @@ class Runtime:
                 rid = next(self._resume_ids)
                 self._resumes[rid] = (job.actor, outcome)
                 sock.send(envelope.pack("timer", actor=job.actor, at=job.ready_at, tag=f"{RESUME}{rid}"))
-                sock.send(envelope.pack("done", actor=job.actor, hold=job.hold, busy_until=None))
+                sock.send(envelope.pack("done", actor=job.actor, hold=job.hold, busy_until=None, busy_s=None))
                 continue
             self._emit(sock, job.actor, outcome, job.ready_at)
             self._start_work(sock, job.actor, job.hold, outcome, job.ready_at)

@@ -24,7 +24,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
              "payload": _INT, "fp32": _INT},
     "deliver": {"src": _STR, "dst": _STR, "kind": _STR, "round": _INT, "t": _NUM, "hold": _INT, "body": _MAP,
                 "device": (dict, type(None))},
-    "done": {"actor": _STR, "hold": _INT, "busy_until": (int, float, type(None))},
+    "done": {"actor": _STR, "hold": _INT, "busy_until": (int, float, type(None)), "busy_s": (int, float, type(None))},
     "timer": {"actor": _STR, "at": _NUM, "tag": _STR},
     "report": {"body": _MAP},
     "record": {"body": _MAP},

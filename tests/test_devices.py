@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from emulator.devices import (Battery, MarkovAvailability, TraceAvailability, behaviour_from_trace, capacity_from_trace,
-                              cpu_load, load_trace_file, seconds_until_empty)
-from node.client import training_seconds
+                              load_trace_file, seconds_until_empty)
+from node.compute import cpu_load, loaded_duration
 from node.strategy import expected_seconds, meets_resources, select_clients
 
 
@@ -76,7 +76,7 @@ def test_cpu_load_is_piecewise_constant_deterministic_and_slows_training():
     draws = [cpu_load(1, d, 0.0, 60.0, 0.3) for d in range(2000)]
     assert np.mean(draws) == pytest.approx(0.3, abs=0.01)
     assert cpu_load(1, 5, 10.0, 60.0, 0.0) == 0.0
-    assert training_seconds(10.0, 100, 2, cpu_load=0.5) == pytest.approx(4.0)  # twice the 2 s of an idle device
+    assert loaded_duration(2.0, 0.0, None, constant=0.5) == pytest.approx(4.0)  # twice the 2 s of an idle device
 
 
 def test_battery_drain_charge_and_running_dry():

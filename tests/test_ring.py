@@ -24,6 +24,10 @@ UP_BPS = 8e6
 LATENCY_S = 0.010
 MS_PER_SAMPLE = 2.0
 SAMPLES = 100  # per client: 600 synthetic samples, iid over 6
+# A head-only epoch costs the frozen extractor's forward pass and the head's backward pass, against
+# the whole network forward and backward: FLOPs 2 M + 4 (128 x 10) over 6 M, M the multiply-accumulates.
+MACS = 784 * 256 + 256 * 256 + 256 * 128 + 128 * 10
+HEAD_EPOCH = (2 * MACS + 4 * 128 * 10) / (6 * MACS)
 
 RING = f"""
 name: ring
@@ -143,7 +147,7 @@ def test_under_tcp_the_warmup_windows_never_bind_and_one_connection_is_one_strea
         first.setdefault(t["dst"], t)
     assert len(first) == 2
     for dst, t in first.items():
-        assert float(t["t_start"]) == pytest.approx(t0 + 2 * train_s)  # sent when its round-1 training ended
+        assert float(t["t_start"]) == pytest.approx(t0 + (1 + HEAD_EPOCH) * train_s)  # sent when its round-1 training ended
         # it leaves only after the warm-up model ahead of it on the same connection has left
         assert float(t["t_end"]) > float(downs[dst]["t_end"]) + 8 * link_bytes(int(t["wire_bytes"])) / UP_BPS
 
@@ -168,7 +172,7 @@ def test_warmup_fedavg_through_the_elected_peer_matches_link_arithmetic(ring_run
     # at 1.6 Mbit/s. The aggregator starts round 1 at once; 0.4 s later (two epochs) its two pass-1
     # gossip flows join them on its uplink, and all seven get 8/7 Mbit/s from then on.
     t0 = max(float(t["t_end"]) for t in ups)
-    main_train_s = 2 * train_s
+    main_train_s = (1 + HEAD_EPOCH) * train_s
     for t in downs:
         assert float(t["t_start"]) == pytest.approx(t0, rel=1e-12)
         left_bits = 8 * int(t["link_bytes"]) - main_train_s * UP_BPS / 5
@@ -289,7 +293,7 @@ def test_a_silent_neighbour_is_waited_for_only_pass_timeout_s(tmp_path):
     assert max(float(t["t_end"]) - float(t["t_start"]) for t in transfers if t["outcome"] == "ok") < 3.0
     neighbour = [t for t in transfers if t["src"] == "c0002" and t["dst"] == "c0001"]
     starts = sorted(float(t["t_start"]) for t in neighbour)
-    train_s = 2 * MS_PER_SAMPLE * SAMPLES / 1000
+    train_s = (1 + HEAD_EPOCH) * MS_PER_SAMPLE * SAMPLES / 1000
     assert len(starts) == 3 and starts[0] == pytest.approx(train_s)
     assert starts[1] - starts[0] == pytest.approx(5.0 + train_s, rel=1e-9)  # the timeout, then the next round's training
 

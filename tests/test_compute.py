@@ -1,0 +1,71 @@
+"""The device compute model (issue 13, item 6): a per-batch cost, background load followed period
+by period through a task, and training energy for the full-speed seconds only."""
+import pytest
+
+from conftest import read_csv, run_cli, write_scenario
+from node.compute import LoadModel, full_speed_seconds, loaded_duration
+from node.models import build_model, training_flops
+
+
+def test_full_speed_seconds_per_sample_and_per_batch():
+    # 100 samples in batches of 32 = 4 steps; 2 epochs of (100 x 10 ms + 4 x 5 ms)
+    assert full_speed_seconds(10.0, 100, 2, 32, 5.0) == pytest.approx(2.04)
+    assert full_speed_seconds(10.0, 100, 2) == pytest.approx(2.0)
+    assert full_speed_seconds(10.0, 0, 2, 32, 5.0) == 0.0
+
+
+def test_loaded_duration_follows_the_load_period_by_period():
+    load = LoadModel(seed=3, device=7, period_s=10.0, mean=0.5)
+    l0, l1, l2 = load.at(5.0), load.at(15.0), load.at(25.0)
+    assert len({l0, l1, l2}) == 3  # three different periods
+    # 9 s of work from t = 5: (1 - l0) x 5 s done by t = 10, then (1 - l1) x 10 by t = 20, the rest in period 3
+    done_by_20 = (1 - l0) * 5 + (1 - l1) * 10
+    assert done_by_20 < 9.0 < done_by_20 + (1 - l2) * 10
+    expected = 20.0 + (9.0 - done_by_20) / (1 - l2) - 5.0  # a duration from t = 5
+    assert loaded_duration(9.0, 5.0, load) == pytest.approx(expected)
+    # one period only: the plain stretch
+    assert loaded_duration(1.0, 5.0, load) == pytest.approx(1.0 / (1 - l0))
+    assert loaded_duration(0.0, 5.0, load) == 0.0
+    assert loaded_duration(2.0, 0.0, None, constant=0.0) == 2.0
+    assert LoadModel.from_status({"load": load.as_status()}) == load and LoadModel.from_status({}) is None
+
+
+def test_head_only_epochs_cost_the_frozen_extractors_forward_pass():
+    model = build_model("firma_mlp", (1, 28, 28), 10)
+    full, head = training_flops(model, (1, 28, 28)), training_flops(model, (1, 28, 28), trained="head.")
+    macs = 784 * 256 + 256 * 256 + 256 * 128 + 128 * 10
+    assert full == 6 * macs
+    assert head == 2 * macs + 4 * 128 * 10  # forward everywhere, backward only through the head
+    assert head / full == pytest.approx(0.335, abs=0.002)
+
+
+SCENARIO = """
+seed: 5
+rounds: 2
+task: {dataset: synthetic, model: mlp, synthetic: {samples: 200, test_samples: 20}}
+population:
+  clients: 1
+  hosts: 1
+  devices: [{ms_per_sample: 20, ms_per_batch: 30, train_w: 2.0, battery_wh: 10, load_mean: 0.5, load_period_s: 1.5}]
+  links: [{up_mbps: 100, down_mbps: 100}]
+selection: {clients_per_round: 1}
+algorithm: {local_epochs: 2, batch_size: 64}
+eval: {every: 0}
+"""
+
+
+def test_a_task_under_load_takes_its_loaded_time_and_full_speed_energy(tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", SCENARIO)), "--out", str(out), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    busy = full_speed_seconds(20.0, 200, 2, 64, 30.0)  # (4 + 0.12) x 2 = 8.24 s: spans several 1.5 s load periods
+    assert busy == pytest.approx(8.24)
+    load = LoadModel(5, 0, 1.5, 0.5)
+    clients = read_csv(out / "clients.csv")
+    assert len(clients) == 2
+    for c in clients:
+        start, end = float(c["compute_start"]), float(c["compute_end"])
+        assert end - start == pytest.approx(loaded_duration(busy, start, load), rel=1e-9)
+        assert end - start > busy / (1 - load.at(start)) * 0.5  # not simply the load at the start, stretched
+    trains = [d for d in read_csv(out / "devices.csv") if d["event"] == "train"]
+    assert len(trains) == 2 and all(float(d["energy_j"]) == pytest.approx(2.0 * busy) for d in trains)
