@@ -29,6 +29,7 @@ class DeviceMix(Strict):
     ms_per_sample: Optional[float] = Field(None, gt=0, description="modelled training time per sample per epoch, whatever the model")
     gflops: Optional[float] = Field(
         None, gt=0, description="sustained GFLOP/s: training time per sample is the model's training FLOPs over this")
+    ms_per_batch: float = Field(0.0, ge=0, description="fixed time of one training step (optimizer, dispatch), whatever the batch size")
     train_w: float = Field(0.0, ge=0, description="power drawn while training")
     j_per_mb_up: float = Field(0.0, ge=0, description="radio energy per MB sent")
     j_per_mb_down: float = Field(0.0, ge=0, description="radio energy per MB received")
@@ -111,10 +112,12 @@ class Population(Strict):
 
 
 class Partition(Strict):
-    kind: Literal["iid", "dirichlet", "by_user", "label_skew"] = "iid"
+    kind: Literal["iid", "dirichlet", "by_user", "label_skew", "natural"] = Field(
+        "iid", description="natural: the writers of a LEAF data set (femnist, shakespeare), merged round-robin into clients")
     alpha: float = Field(0.5, gt=0, description="dirichlet concentration")
-    rule: Literal["redraw", "floor"] = Field(
-        "redraw", description="dirichlet: redraw until min_size holds, or FIRMA's floor counts with the remainder to the last client")
+    rule: Literal["redraw", "floor", "fedml"] = Field(
+        "redraw", description="dirichlet: redraw until min_size holds; floor: FIRMA's floor counts with the remainder to the "
+                              "last client; fedml: FedML's LDA (clients full at n/N take no more, seed 10, min_size 10 by default)")
     min_size: int = Field(1, ge=1, description="dirichlet: redraw until every client has this many samples")
     classes_per_client: int = Field(1, ge=1, description="label_skew: K primary classes per client (FIRMA 2.6)")
     users: int = Field(1000, ge=1, description="by_user: users of two labels each, merged round-robin into clients")
@@ -134,14 +137,28 @@ class Synthetic(Strict):
 
 
 class Task(Strict):
-    dataset: Literal["mnist", "fashion_mnist", "synthetic"]
-    model: Literal["mnist_cnn", "mlp", "vgg7", "firma_mlp"] = "mnist_cnn"
+    dataset: Literal["mnist", "fashion_mnist", "cifar10", "femnist", "shakespeare", "synthetic"] = Field(
+        description="read from data_root: MNIST and Fashion-MNIST in torchvision's raw layout, CIFAR-10 as "
+                    "cifar-10-batches-py, FEMNIST and Shakespeare as LEAF's JSON (NAME/data/train and test)")
+    model: Literal["mnist_cnn", "mlp", "vgg7", "firma_mlp", "char_lstm"] = "mnist_cnn"
     partition: Partition = Field(default_factory=Partition)
     feature_noise: float = Field(
         0.0, ge=0, description="feature skew: client i of N trains on inputs with fixed noise N(0, (this x (i+1)/N)^2)")
     data_root: Optional[str] = None
     download: bool = False
     synthetic: Synthetic = Field(default_factory=Synthetic)
+
+    @model_validator(mode="after")
+    def _writers(self):
+        leaf = self.dataset in ("femnist", "shakespeare")
+        if leaf and self.partition.kind != "natural":
+            raise ValueError(f"task.partition.kind: {self.dataset} comes split by writer; use kind: natural, got {self.partition.kind!r}")
+        if self.partition.kind == "natural" and not leaf:
+            raise ValueError(f"task.partition.kind natural splits LEAF data by writer; {self.dataset} has no writers")
+        if (self.model == "char_lstm") != (self.dataset == "shakespeare"):
+            raise ValueError(f"task.model: char_lstm is the model for shakespeare (characters in, the next one out), "
+                             f"got model {self.model!r} on {self.dataset!r}")
+        return self
 
 
 class ServerLink(Strict):

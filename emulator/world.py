@@ -97,11 +97,12 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     n = sc.population.clients
     part = sc.task.partition
     test_shards: list = [None] * n
-    if part.kind == "by_user" and part.generator == "fedprox":
+    if part.kind == "natural" or (part.kind == "by_user" and part.generator == "fedprox"):
         # The users' own test parts are the test set; each client's are its own test split.
         try:
-            split = datasets.fedprox_split(task.train, task.test, n, part.users, sc.seed, part.train_share,
-                                           2.0 if part.size_sigma is None else part.size_sigma)
+            split = datasets.leaf_split(task.train, task.test, n) if part.kind == "natural" else \
+                datasets.fedprox_split(task.train, task.test, n, part.users, sc.seed, part.train_share,
+                                       2.0 if part.size_sigma is None else part.size_sigma)
         except datasets.DataError as exc:
             raise ScenarioError(f"task.partition: {exc}") from None
         task = TaskSpec(task.model, split.train, split.test, task.seed)
@@ -137,7 +138,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
             except ValueError as exc:
                 raise ScenarioError(str(exc)) from None
             up = down = kbps * 1e3
-        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms, test_shards[i], sc.task.feature_noise * (i + 1) / n)
+        profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms, test_shards[i], sc.task.feature_noise * (i + 1) / n,
+                                dev.ms_per_batch)
         link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms))
         spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
@@ -235,6 +237,8 @@ def _partition(sc: Scenario, labels: np.ndarray, rng: np.random.Generator, key: 
             return datasets.partition_label_skew(labels, n, part.classes_per_client, rng)
         if part.rule == "floor":
             return datasets.partition_dirichlet_floor(labels, n, part.alpha, rng)
+        if part.rule == "fedml" and not test:
+            return datasets.partition_dirichlet_fedml(labels, n, part.alpha, part.min_size)
         return datasets.partition_dirichlet(labels, n, part.alpha, rng, 1 if test else part.min_size)
     except datasets.DataError as exc:
         raise ScenarioError(f"{key}: {exc}") from None
@@ -257,9 +261,12 @@ def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> Rin
         q = firma.class_proportions([labels[c.profile.indices] for c in clients], task.train.classes)
         names = [names[i] for i in firma.two_opt(q)]
     alg = sc.algorithm
+    prefix = PRIVATE_PREFIX[sc.task.model]
+    model, shape = task.build(), task.train.input_shape
+    head_share = training_flops(model, shape, trained=prefix) / training_flops(model, shape)
     return RingConfig(f.variant, sc.rounds, names, sc.seed, f.epochs_head, f.epochs_extractor, alg.lr, alg.batch_size,
                       f.gamma, f.gamma_start, f.gamma_end, f.tau, alg.codec.up.build(), sc.eval.every,
-                      PRIVATE_PREFIX[sc.task.model], f.pass_timeout_s)
+                      prefix, f.pass_timeout_s, head_share)
 
 
 def _selection_params(sc: Scenario) -> dict[str, float]:
