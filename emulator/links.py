@@ -46,7 +46,8 @@ def max_min_fill(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable
     """Max-min fair rates and, for each flow, the link whose saturation fixed its rate (None when
     nothing constrains it). Water-filling with a heap of links by fair share: the link with the
     smallest share fixes all its unfixed flows at that share, which updates only the links on their
-    paths, so each flow is fixed once: O(flows x path length x log links)."""
+    paths, so each flow is fixed once: O(flows x path length x log links). Ties go to the link
+    that appears first (flows in order, each path in order)."""
     import heapq
 
     n = len(paths)
@@ -54,34 +55,67 @@ def max_min_fill(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable
     bottleneck: list[Hashable | None] = [None] * n
     remaining: dict[Hashable, float] = {}
     users: dict[Hashable, list[int]] = {}
+    links_of: list[list[Hashable]] = []  # each flow's finite links, once each
+    get = capacity.get
     for i, path in enumerate(paths):
-        for link in set(path):
-            cap = capacity.get(link, INF)
+        mine = []
+        for link in path:
+            flows = users.get(link)
+            if flows is not None:
+                if flows[-1] != i:  # a link twice on one path counts once
+                    flows.append(i)
+                    mine.append(link)
+                continue
+            cap = get(link, INF)
             if cap < INF:
                 remaining[link] = float(cap)
-                users.setdefault(link, []).append(i)
-    count = {link: len(us) for link, us in users.items()}
-    order = {link: k for k, link in enumerate(users)}  # ties go by first appearance, deterministically
-    heap = [(remaining[link] / count[link], order[link], link) for link in users]
+                users[link] = [i]
+                mine.append(link)
+        links_of.append(mine)
+    # A link only one flow crosses is a fixed cap on it: those wait in one sorted list instead of
+    # the heap, and only links that flows share are updated as flows get fixed.
+    order = {link: k for k, link in enumerate(users)}
+    count: dict[Hashable, int] = {}
+    heap, private = [], []
+    for link, us in users.items():
+        if len(us) == 1:
+            private.append((remaining[link], order[link], link, us[0]))
+        else:
+            count[link] = len(us)
+            heap.append((remaining[link] / len(us), order[link], link))
+    private.sort()
     heapq.heapify(heap)
+    shared_of = [[link for link in mine if link in count] for mine in links_of]
+    push, pop = heapq.heappush, heapq.heappop
     fixed = [False] * n
-    while heap:
-        share, _, link = heapq.heappop(heap)
-        if count[link] == 0 or share != remaining[link] / count[link]:
+    k, m = 0, len(private)
+
+    def fix(i: int, share: float, link: Hashable) -> None:
+        fixed[i] = True
+        rates[i] = share
+        bottleneck[i] = link
+        for other in shared_of[i]:
+            remaining[other] -= share
+            left = count[other] - 1
+            count[other] = left
+            if left > 0 and other != link:
+                push(heap, (remaining[other] / left, order[other], other))
+
+    while heap or k < m:
+        if k < m and (not heap or private[k][:2] < heap[0][:2]):
+            cap, _, link, i = private[k]
+            k += 1
+            if not fixed[i]:
+                fix(i, max(cap, 0.0), link)
+            continue
+        share, _, link = pop(heap)
+        left = count[link]
+        if left == 0 or share != remaining[link] / left:
             continue  # stale entry
         share = max(share, 0.0)
         for i in users[link]:
-            if fixed[i]:
-                continue
-            fixed[i] = True
-            rates[i] = share
-            bottleneck[i] = link
-            for other in set(paths[i]):
-                if other in count:
-                    remaining[other] -= share
-                    count[other] -= 1
-                    if other != link and count[other] > 0:
-                        heapq.heappush(heap, (remaining[other] / count[other], order[other], other))
+            if not fixed[i]:
+                fix(i, share, link)
     return rates, bottleneck
 
 
@@ -120,6 +154,8 @@ class FlowModel:
     t: float = 0.0
     flows: dict[Hashable, Flow] = field(default_factory=dict)
     qdelay: dict[Hashable, float] = field(default_factory=dict)
+    load: dict[Hashable, float] = field(default_factory=dict)  # bit/s through each link, as last filled
+    pinned: set = field(default_factory=set)  # links that fix some flow's rate (saturated), as last filled
 
     def advance(self, t: float) -> None:
         dt = t - self.t
@@ -186,8 +222,37 @@ class FlowModel:
             flow.version += 1
             flow.done_at = self.transport.next_event(flow, self.t)
             return False, [(fid, flow.done_at, flow.version)] if flow.done_at < INF else []
+        if held and self._window_moves_alone(flow):
+            return False, self._set_window_rate(fid, flow)
         flow.done_at = INF  # forces a fresh schedule
         return False, self._rebalance(force=fid)
+
+    def _window_moves_alone(self, flow: Flow) -> bool:
+        """A flow its window held, whose new window still holds it, on links that fix nobody's rate
+        and keep room for the change: the max-min solution of everyone else stays as it is (so
+        there is nothing to recompute; one window event per RTT and loss makes this the common case)."""
+        new = self.transport.cap(flow, self.t)
+        if not 0 <= flow.rate < INF or new >= INF:
+            return False
+        for link in flow.path:
+            cap = self.capacity.get(link, INF)
+            if cap >= INF:
+                continue
+            if link in self.pinned or self.load.get(link, 0.0) - flow.rate + new > cap * (1 - 1e-9):
+                return False
+        return True
+
+    def _set_window_rate(self, fid: Hashable, flow: Flow) -> list[tuple[Hashable, float, int]]:
+        new = self.transport.cap(flow, self.t)
+        for link in flow.path:
+            if link in self.load:
+                self.load[link] += new - flow.rate
+        flow.rate = new
+        self.transport.after_rates(flow, self.t, True)
+        flow.version += 1
+        flow.done_at = self.transport.next_event(flow, self.t)
+        # no standing queue changes: a window-limited flow keeps none, before and after
+        return [(fid, flow.done_at, flow.version)] if flow.done_at < INF else []
 
     def _snap(self, flow: Flow) -> None:
         """What is left to send at an event that falls due now is zero when sending it would not
@@ -264,6 +329,13 @@ class FlowModel:
             if flow.done_at < INF:
                 changed.append((fid, flow.done_at, flow.version))
         if self.transport is not None:
+            self.load, self.pinned = {}, set()
+            for fid, rate, link in zip(ids, rates, bottlenecks):
+                if link is not None and link != ("window", fid):
+                    self.pinned.add(link)
+                if rate < INF:
+                    for on in self.flows[fid].path:
+                        self.load[on] = self.load.get(on, 0.0) + rate
             self._standing_queues(ids)
         return changed
 

@@ -134,6 +134,12 @@ class Network:
         self.cfg = cfg
         self.now = 0.0
         self.queue: list[tuple] = []
+        # Every rebalance reschedules the flows whose rate changed: on a shared server link, all of
+        # them. Their due times wait in a heap of their own, and only the earliest valid one is in
+        # the event queue, with the key it would have had there, so the order of events is the same
+        # and the queue does not fill with superseded ones.
+        self.flow_heap: list[tuple] = []  # (done_at, src, tid, version, fid)
+        self.flow_head: tuple | None = None  # the entry of flow_heap that stands in the queue
         self.holds: dict[int, tuple[str, float]] = {}
         self.hold_ids = itertools.count()
         self.transfer_ids = itertools.count()
@@ -304,7 +310,7 @@ class Network:
         if kind == "flow_start":
             self._start_flow(event[1])
         elif kind == "flow_done":
-            self._flow_event(event[1], event[2])
+            self._on_flow_due(event[1], event[2])
         elif kind == "deliver":
             self._deliver(sock, *event[1])
         elif kind == "tick":
@@ -353,7 +359,27 @@ class Network:
     def _reschedule(self, changed) -> None:
         for fid, done_at, version in changed:
             tr = self.transfers[fid]
-            self.push(done_at, FLOW_DONE, tr.src, tr.tid, 0, ("flow_done", fid, version))
+            heapq.heappush(self.flow_heap, (done_at, tr.src, tr.tid, version, fid))
+        self._sync_flow_head()
+
+    def _sync_flow_head(self) -> None:
+        heap, flows = self.flow_heap, self.flows.flows
+        while heap and (heap[0][4] not in flows or flows[heap[0][4]].version != heap[0][3]):
+            heapq.heappop(heap)  # superseded or gone
+        top = heap[0] if heap else None
+        if top is not None and top != self.flow_head:
+            done_at, src, tid, version, fid = top
+            self.push(done_at, FLOW_DONE, src, tid, 0, ("flow_done", fid, version))
+        self.flow_head = top
+
+    def _on_flow_due(self, fid: int, version: int) -> None:
+        head = self.flow_head
+        if head is None or head[4] != fid or head[3] != version:
+            return  # a stand-in that an earlier event replaced
+        heapq.heappop(self.flow_heap)
+        self.flow_head = None
+        self._flow_event(fid, version)
+        self._sync_flow_head()
 
     def _start_flow(self, tr: Transfer) -> None:
         if tr.src in self.dead or tr.dst in self.dead:

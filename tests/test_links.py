@@ -35,3 +35,40 @@ def test_flow_model_two_then_three_flows_hand_computed():
     fm.remove(1)
     _, changed = fm.remove(2)
     assert {fid: t for fid, t, _ in changed} == {3: pytest.approx(2.4)}
+
+
+def _reference_max_min(paths, capacity):
+    """Progressive filling, the textbook way: the link with the smallest fair share fixes its flows."""
+    rates = [None] * len(paths)
+    while any(r is None for r in rates):
+        best = None
+        for link, cap in capacity.items():
+            users = [i for i, p in enumerate(paths) if link in p]
+            free = [i for i in users if rates[i] is None]
+            if not free:
+                continue
+            share = (cap - sum(rates[i] for i in users if rates[i] is not None)) / len(free)
+            if best is None or share < best[0]:
+                best = (share, free)
+        if best is None:
+            return [r if r is not None else float("inf") for r in rates]
+        for i in best[1]:
+            rates[i] = best[0]
+    return rates
+
+
+def test_max_min_fill_matches_progressive_filling_on_random_topologies():
+    import random
+
+    from emulator.links import max_min_fill
+
+    rng = random.Random(7)
+    for _ in range(300):
+        links = [f"l{k}" for k in range(rng.randint(1, 6))]
+        capacity = {link: rng.choice([1.0, 2.0, 5.0, rng.uniform(0.5, 10)]) for link in links}
+        paths = [tuple(rng.sample(links, rng.randint(1, len(links)))) for _ in range(rng.randint(1, 8))]
+        rates, bottleneck = max_min_fill(paths, capacity)
+        assert rates == pytest.approx(_reference_max_min(paths, capacity), rel=1e-9, abs=1e-12)
+        for path, rate, link in zip(paths, rates, bottleneck):
+            assert link in path  # its bottleneck is on its path and saturated
+            assert sum(r for p, r in zip(paths, rates) if link in p) == pytest.approx(capacity[link])
