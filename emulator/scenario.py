@@ -271,6 +271,8 @@ class Firma(Strict):
         "auto", description="ring order: auto is 2-opt for FibFL++ and identity for the others")
     pass_timeout_s: Optional[float] = Field(
         None, gt=0, description="go on without a neighbour silent this long after a pass began; null: wait (a ring of always-on devices)")
+    init: Literal["independent", "shared"] = Field(
+        "independent", description="independent: each client starts from its own random model, as FIRMA's code does; shared: all from one")
 
 
 class FedAlignSpec(Strict):
@@ -313,6 +315,9 @@ class Algorithm(Strict):
     train: bool = Field(True, description="false: communication only; clients return the model unchanged")
     shuffle: Literal["every_epoch", "once"] = Field("every_epoch", description="once: fixed batches replayed every epoch")
     prox_mu: float = Field(0.0, ge=0, description="FedProx proximal weight mu on the client (0: plain local SGD)")
+    max_samples_per_round: Optional[int] = Field(
+        None, ge=1, description="a client trains on at most this many of its samples per round (a fresh seeded subset) "
+                                "and is weighted by them; null: all of them")
     codec: Codecs = Field(default_factory=Codecs)
     quantization: Quantization = Field(default_factory=Quantization)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)

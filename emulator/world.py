@@ -181,7 +181,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
                           _fedalign_config(alg.fedalign) if alg.name == "fedalign" else None,
-                          error_feedback=alg.codec.up.error_feedback)
+                          error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round)
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     sl = sc.server.link
     return World(
@@ -266,7 +266,7 @@ def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> Rin
     head_share = training_flops(model, shape, trained=prefix) / training_flops(model, shape)
     return RingConfig(f.variant, sc.rounds, names, sc.seed, f.epochs_head, f.epochs_extractor, alg.lr, alg.batch_size,
                       f.gamma, f.gamma_start, f.gamma_end, f.tau, alg.codec.up.build(), sc.eval.every,
-                      prefix, f.pass_timeout_s, head_share)
+                      prefix, f.pass_timeout_s, head_share, f.init)
 
 
 def _selection_params(sc: Scenario) -> dict[str, float]:

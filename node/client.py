@@ -82,6 +82,7 @@ class ClientConfig:
     prox_mu: float = 0.0  # FedProx proximal weight (0: plain FedAvg local training)
     fedalign: fedalign.FedAlignConfig | None = None  # FedAlign: statistics phase, aligned data, DP update
     error_feedback: bool = False  # keep the upload's compression residual (lost when the device goes offline)
+    max_samples: int | None = None  # train on at most this many samples per round (a fresh seeded subset)
 
 
 class Trainer:
@@ -146,7 +147,8 @@ class ClientActor:
                               estimate_lipschitz=self.cfg.privacy.mechanism != "none", shuffle=self.cfg.shuffle,
                               prox_mu=self.cfg.prox_mu)
         samples = int(self.profile.indices.size)
-        trained_on = samples if sampled is None else int(sampled.size)
+        session, session_order = self._session(task.round)
+        trained_on = int(session.size) if sampled is None else int(sampled.size)
         rng = np.random.default_rng([self.cfg.seed, task.round, self.profile.index])
         nu = 1.0
         if self.cfg.schedule.kind == "dynamic":
@@ -172,10 +174,11 @@ class ClientActor:
                 return self._reject(task, str(exc))
             if basis != "weights":
                 return self._reject(task, "task must carry weights")
-            info = {"samples": samples, "bits": bits, "nu": nu}
+            # the aggregation weight: what it trained on (all its samples unless its session is capped)
+            info = {"samples": samples if sampled is not None else trained_on, "bits": bits, "nu": nu}
             if self.cfg.checkin:
                 info["status"] = status
-            data, indices, order = self.data, self.indices, self.fixed_order
+            data, indices, order = self.data, session, session_order
             if sampled is not None:
                 data = self._aligned(sampled, target)
                 indices, order = np.arange(sampled.size), None
@@ -214,6 +217,17 @@ class ClientActor:
         status = self.status(now)
         busy = full_speed_seconds(self.profile.ms_per_sample, trained_on, local.epochs, local.batch_size, self.profile.ms_per_batch)
         return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work)
+
+    def _session(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
+        """The samples of this round's training session and their fixed batch order: all of them, or
+        a fresh seeded subset of max_samples (a device trains for a bounded session, and a client with
+        thousands of samples would otherwise outweigh and outrun the rest)."""
+        cap = self.cfg.max_samples
+        if not cap or self.indices.size <= cap:
+            return self.indices, self.fixed_order
+        pick = np.random.default_rng([self.cfg.seed, round_, self.profile.index, 0x5E]).choice(self.indices.size, cap, replace=False)
+        chosen = np.sort(self.indices[pick])
+        return chosen, self.fixed_order[np.isin(self.fixed_order, chosen)]
 
     # ---- FedAlign (ALGORITHMS.md 3.1) ------------------------------------------------------------
     def _send_statistics(self, task: Message) -> Reaction:

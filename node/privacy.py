@@ -31,6 +31,20 @@ def clip_gradients(params: Iterable[torch.nn.Parameter], threshold: float, norm:
     return total
 
 
+def clip_flat(params: Iterable[torch.nn.Parameter], flat: torch.Tensor, threshold: float, norm: float) -> float:
+    """Eq. 1.8 on a gradient already flattened (flat_gradient of the same params): one norm over
+    the flat copy, and the same factor applied to the parameters' gradients and to the copy.
+    Returns the norm before clipping."""
+    total = float(torch.linalg.vector_norm(flat, norm))
+    factor = threshold / (total + CLIP_EPSILON)
+    if factor < 1.0:
+        flat.mul_(factor)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    return total
+
+
 class LipschitzEstimate:
     """Eq. 1.9: lambda = max over batches k and epochs e >= 2 of
     ||g_k^(e) - g_k^(e-1)||_1 / ||w_k^(e) - w_k^(e-1)||_1, with w the pre-step weights and g the
@@ -49,20 +63,22 @@ class LipschitzEstimate:
         self.value = 0.0
 
     def observe(self, position: int, grad: torch.Tensor) -> None:
-        """grad: the flat clipped gradient about to be applied at batch `position` of the current epoch."""
+        """grad: the flat clipped gradient about to be applied at batch `position` of the current
+        epoch, a tensor of its own (flat_gradient's): it is kept, not copied."""
         grad = grad.detach()
         prev = self.previous.get(position)
         if self.window is None:
             self.window = torch.zeros_like(grad)
         if prev is not None:
-            step_l1 = self.lr * float(self.window.abs().sum(dtype=torch.float64))
+            # float32 sums (pairwise in torch): a relative error far below what the estimate means
+            step_l1 = self.lr * float(torch.linalg.vector_norm(self.window, 1))
             diff = grad - prev
             if step_l1 > 0:
-                self.value = max(self.value, float(diff.abs().sum(dtype=torch.float64)) / step_l1)
+                self.value = max(self.value, float(torch.linalg.vector_norm(diff, 1)) / step_l1)
             self.window += diff
         else:
             self.window += grad
-        self.previous[position] = grad.clone()
+        self.previous[position] = grad
 
 
 def flat_gradient(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
@@ -111,6 +127,11 @@ def add_noise(state: Mapping[str, np.ndarray], mechanism: str, scale: float, rng
         if mechanism == "none" or scale <= 0 or not np.issubdtype(value.dtype, np.floating):
             out[name] = value
             continue
-        draw = rng.laplace(0.0, scale, value.shape) if mechanism == "laplace" else rng.normal(0.0, scale, value.shape)
-        out[name] = (value.astype(np.float64) + draw).astype(value.dtype)
+        if mechanism == "laplace":  # Laplace(0, b) = b (E1 - E2) for independent standard exponentials
+            draw = rng.standard_exponential(value.shape, dtype=np.float32)
+            draw -= rng.standard_exponential(value.shape, dtype=np.float32)
+        else:
+            draw = rng.standard_normal(value.shape, dtype=np.float32)
+        draw *= np.float32(scale)
+        out[name] = (value.astype(np.float32) + draw).astype(value.dtype)
     return out

@@ -25,7 +25,7 @@ from . import firma
 from .actor import Message, Reaction, Send
 from .client import ClientProfile, TaskSpec
 from .compute import full_speed_seconds
-from .models import load_numpy_state, state_spec, state_to_numpy
+from .models import build_model, load_numpy_state, state_spec, state_to_numpy
 from .strategy import WeightedAverage
 from .training import accuracy_on, train_part
 
@@ -49,6 +49,7 @@ class RingConfig:
     private_prefix: str = "head."
     pass_timeout_s: float | None = None  # give up waiting for a neighbour (or the warm-up aggregator) after this
     head_epoch_share: float = 1.0  # cost of a head-only epoch against a full one (the frozen extractor: forward only)
+    init: str = "independent"  # independent: each client its own initial model (FIRMA's code); shared: one for all
 
     @property
     def passes(self) -> int:
@@ -87,9 +88,10 @@ class RingClientActor:
         self.task = task
         self.cfg = cfg
         self.evaluate = evaluator
-        # One common initialisation, as in any FL run: averaging independently initialised models
-        # (the warm-up's FedAvg) destroys them, which we saw as a collapse to the majority class.
-        self.model = task.build()
+        # FIRMA's code builds the clients one after another after one torch.manual_seed, so each
+        # starts from its own initialisation (init: independent); init: shared gives all one.
+        self.model = task.build() if cfg.init == "shared" else \
+            build_model(task.model, task.train.input_shape, task.train.classes, seed=task.seed * 1_000_003 + profile.index + 1)
         self.data, self.indices = profile.training_data(task.train, cfg.seed)
         self.spec = state_spec(self.model)
         self.shared_keys = [k for k in self.spec if not k.startswith(cfg.private_prefix)]

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .data import Dataset
-from .privacy import LipschitzEstimate, clip_gradients, flat_gradient
+from .privacy import LipschitzEstimate, clip_flat, clip_gradients, flat_gradient
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,13 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
             loss = loss_fn(model(x), y)
             objective = loss if anchor is None else loss + proximal_term(params, anchor, cfg.prox_mu)
             objective.backward()
-            if cfg.clip is not None:
+            if estimate is not None:  # one flat copy serves the clip's norm and the estimate
+                flat = flat_gradient(params)
+                if cfg.clip is not None:
+                    clip_flat(params, flat, cfg.clip, cfg.clip_norm)
+                estimate.observe(position, flat)
+            elif cfg.clip is not None:
                 clip_gradients(params, cfg.clip, cfg.clip_norm)
-            if estimate is not None:
-                estimate.observe(position, flat_gradient(params))
             opt.step()
             total += float(loss.detach()) * y.numel()
             count += y.numel()

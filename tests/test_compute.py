@@ -69,3 +69,30 @@ def test_a_task_under_load_takes_its_loaded_time_and_full_speed_energy(tmp_path)
         assert end - start > busy / (1 - load.at(start)) * 0.5  # not simply the load at the start, stretched
     trains = [d for d in read_csv(out / "devices.csv") if d["event"] == "train"]
     assert len(trains) == 2 and all(float(d["energy_j"]) == pytest.approx(2.0 * busy) for d in trains)
+
+
+def test_a_capped_session_trains_on_a_fresh_subset_and_is_weighted_by_it():
+    import numpy as np
+
+    from node.actor import Message
+    from node.client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
+    from node.data import synthetic
+    from node.models import state_to_numpy
+    from protocol.codecs import encode_state, make_codec
+
+    train, test = synthetic(60, 10, (1, 4, 4), 3, seed=0)
+    task = TaskSpec("mlp", train, test, seed=0)
+    client = ClientActor(ClientProfile("c0", 0, np.arange(60), 10.0), Trainer(task),
+                         ClientConfig(make_codec("fp32"), seed=0, max_samples=16, shuffle="once"))
+    sessions = [client._session(r)[0] for r in range(3)]
+    assert all(s.size == 16 and set(s) <= set(range(60)) for s in sessions)
+    assert not np.array_equal(sessions[0], sessions[1])  # a fresh subset each round
+    assert np.array_equal(sessions[0], client._session(0)[0])  # seeded
+    order = client._session(0)[1]
+    assert sorted(order.tolist()) == sessions[0].tolist()  # the fixed batch order, restricted to the session
+    encoded = encode_state(state_to_numpy(client.trainer.model), make_codec("fp32"), np.random.default_rng(0))
+    body = {"epochs": 2, "batch_size": 8, "lr": 0.1, "bits": None, "n_max": 60}
+    reaction = client.react(Message("server", "c0", "task", 0, 0.0, body, encoded.frames, {}))
+    assert reaction.work_s == pytest.approx(10.0 * 16 * 2 / 1000)  # 16 samples, not 60
+    sent = reaction.work()().sends[0]
+    assert sent.body["samples"] == 16

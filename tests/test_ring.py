@@ -15,6 +15,7 @@ from node import firma
 from node.actor import Message
 from node.client import ClientProfile, TaskSpec
 from node.data import synthetic
+from node.models import state_to_numpy
 from node.ring import Evaluator, RingClientActor, RingConfig
 from protocol.codecs import encode_state, make_codec
 
@@ -310,3 +311,18 @@ def test_warmup_aggregator_averages_without_a_silent_peer_and_the_others_take_it
     # although it arrived 6.4 s after it left (five flows share c0000's uplink), after 11.6 s in all.
     assert int(read_csv(out / "rounds.csv")[0]["timeouts"]) == 2
     assert all(float(t["t_end"]) > 0.2 + 2 * 5.0 for t in models if t["outcome"] == "ok")
+
+
+def test_clients_start_from_their_own_models_unless_init_is_shared():
+    a, _ = _actor("fibfl", "c1")
+    b, _ = _actor("fibfl", "c2")
+    wa, wb = state_to_numpy(a.model), state_to_numpy(b.model)
+    assert not np.array_equal(wa["extractor.1.weight"], wb["extractor.1.weight"])  # FIRMA's default: independent
+    again, _ = _actor("fibfl", "c1")
+    assert np.array_equal(wa["extractor.1.weight"], state_to_numpy(again.model)["extractor.1.weight"])  # seeded
+    train, test = synthetic(80, 20, (1, 28, 28), 10, seed=0)
+    task = TaskSpec("firma_mlp", train, test, 0)
+    cfg = RingConfig("fibfl", 4, ["c0", "c1", "c2", "c3"], 0, 1, 1, batch_size=20, init="shared")
+    shared = [RingClientActor(ClientProfile(n, i, np.arange(20), 1.0, np.arange(10)), task, cfg, Evaluator(task))
+              for i, n in ((1, "c1"), (2, "c2"))]
+    assert np.array_equal(*(state_to_numpy(s.model)["extractor.1.weight"] for s in shared))
