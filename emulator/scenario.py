@@ -208,13 +208,36 @@ class CodecSpec(BaseModel):
         False, description="upload only: the client keeps what compression dropped and adds it to its next update "
                            "(sent as a delta); the residual is lost when the device goes offline")
 
+    layers: dict[str, dict] = Field(
+        default_factory=dict, description="mixed precision: tensor-name pattern (fnmatch, e.g. 'net.1.*') -> codec spec; "
+                                          "the first matching pattern wins, other tensors take this codec")
+
     def build(self):
-        return make_codec(self.model_dump(exclude={"error_feedback"}))
+        return make_codec(self.model_dump(exclude={"error_feedback", "layers"}))
+
+    def build_layers(self, names) -> dict:
+        """Each tensor name that a layer pattern matches -> its codec (the first matching pattern)."""
+        import fnmatch
+
+        codecs = {pattern: make_codec(spec) for pattern, spec in self.layers.items()}
+        out = {}
+        for name in names:
+            hit = next((pattern for pattern in codecs if fnmatch.fnmatchcase(name, pattern)), None)
+            if hit is not None:
+                out[name] = codecs[hit]
+        return out
 
     @model_validator(mode="after")
     def _buildable(self):
         try:
             self.build()
+            for pattern, spec in self.layers.items():
+                if not isinstance(spec, dict):
+                    raise CodecError(f"layers[{pattern!r}]: expected a codec spec such as {{name: int, bits: 8}}")
+                try:
+                    make_codec(spec)
+                except CodecError as exc:
+                    raise CodecError(f"layers[{pattern!r}]: {exc}") from None
         except CodecError as exc:
             raise ValueError(str(exc)) from None
         return self
@@ -465,9 +488,13 @@ class Scenario(Strict):
             carries_weights.append(("up", "ring gossip carries each client's weights"))
         for direction, why in carries_weights:
             spec = getattr(self.algorithm.codec, direction)
-            if spec.build().encodes_delta:
-                raise ValueError(f"algorithm.codec.{direction}: {spec.name} encodes updates (deltas), but {why}; "
-                                 "use a dense codec (fp32, fp16, bf16, int)")
+            for name, codec in [(spec.name, spec.build())] + [(f"layers[{k!r}] {v.get('name')}", make_codec(v))
+                                                               for k, v in spec.layers.items()]:
+                if codec.encodes_delta:
+                    raise ValueError(f"algorithm.codec.{direction}: {name} encodes updates (deltas), but {why}; "
+                                     "use a dense codec (fp32, fp16, bf16, int)")
+        if self.topology == "ring" and self.algorithm.codec.up.layers:
+            raise ValueError("algorithm.codec.up.layers: per-layer codecs apply to star algorithms")
         return self
 
     @model_validator(mode="after")

@@ -162,6 +162,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
                 group_of.setdefault(c.profile.name, []).append(shared.name)
     alg = sc.algorithm
     per_round = sc.selection.per_round(n)
+    tensor_names = list(task.build().state_dict())
     q = alg.quantization
     schedule = BitSchedule(q.schedule, sc.rounds, q.b_min, q.b_max)
     server = ServerConfig(
@@ -174,6 +175,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
         selection_params=_selection_params(sc), fedalign=_fedalign_config(alg.fedalign) if alg.name == "fedalign" else None, server_lr=alg.fedalign.server_lr,
         eval_shards=test_shards if sc.eval.split == "clients" else None,
+        down_layers=alg.codec.down.build_layers(tensor_names),
     )
     dp = alg.privacy
     privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
@@ -181,7 +183,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
                           _fedalign_config(alg.fedalign) if alg.name == "fedalign" else None,
-                          error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round)
+                          error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
+                          up_layers=alg.codec.up.build_layers(tensor_names))
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     sl = sc.server.link
     return World(

@@ -83,6 +83,7 @@ class ClientConfig:
     fedalign: fedalign.FedAlignConfig | None = None  # FedAlign: statistics phase, aligned data, DP update
     error_feedback: bool = False  # keep the upload's compression residual (lost when the device goes offline)
     max_samples: int | None = None  # train on at most this many samples per round (a fresh seeded subset)
+    up_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
 
 
 class Trainer:
@@ -195,14 +196,15 @@ class ClientActor:
                 info.update(noise_scale=update.noise_scale, update_norm=update.norm)
                 if update.noise_scale > 0:
                     release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
-                encoded = encode_state(update.delta, codec, rng, basis="delta")
+                encoded = encode_state(update.delta, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
             elif self.feedback:
-                encoded, residual = self.feedback.compress({k: new_state[k] - state[k] for k in new_state}, codec, rng)
-            elif codec.encodes_delta:
+                encoded, residual = self.feedback.compress({k: new_state[k] - state[k] for k in new_state}, codec, rng,
+                                                           self.cfg.up_layers)
+            elif codec.encodes_delta or any(c.encodes_delta for c in self.cfg.up_layers.values()):
                 payload = {k: new_state[k] - state[k] for k in new_state}
-                encoded = encode_state(payload, codec, rng, basis="delta")
+                encoded = encode_state(payload, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
             else:
-                encoded = encode_state(new_state, codec, rng)
+                encoded = encode_state(new_state, codec, rng, codec_for=self.cfg.up_layers)
             update = Send("server", "update", task.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
 
             def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before

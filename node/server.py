@@ -41,6 +41,7 @@ class ServerConfig:
     fedalign: fedalign.FedAlignConfig | None = None  # a statistics phase (client moments in, global moments out) before training
     server_lr: float = 1.0  # step along the averaged update (Eq. 3.7); 1 is plain FedAvg
     eval_shards: list[np.ndarray] | None = None  # evaluate on each client's test split and average
+    down_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
 
 
 CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale", "update_norm")
@@ -131,7 +132,7 @@ class ServerActor:
             bits = self.cfg.schedule.server_bits(index, bits)
             codec = codec.with_bits(bits)
         self.round.bits_down = bits
-        encoded = encode_state(self.global_state, codec, rng)
+        encoded = encode_state(self.global_state, codec, rng, codec_for=self.cfg.down_layers)
         n_max = max((self.cfg.samples.get(c, 0) for c in selected), default=0)
         body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr,
                 "bits": bits, "n_max": n_max}

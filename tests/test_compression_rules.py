@@ -130,3 +130,41 @@ def test_threshold_sends_what_exceeds_the_magnitude_in_top_k_layout():
     assert tiny.meta["k"] == 1  # nothing above: the largest alone
     with pytest.raises(Exception, match="magnitude"):
         make_codec({"name": "threshold", "magnitude": -1})
+
+
+# ---- mixed precision: a codec per layer -------------------------------------------------------
+MIXED = """
+rounds: 1
+task: {dataset: synthetic, model: mlp, synthetic: {samples: 200, test_samples: 20}}
+population: {clients: 2, hosts: 1, devices: [{ms_per_sample: 1}], links: [{up_mbps: 10, down_mbps: 10}]}
+selection: {clients_per_round: 2}
+algorithm:
+  codec:
+    down: {name: int, bits: 8, layers: {"net.1.weight": {name: int, bits: 16}}}
+    up: {name: int, bits: 4, layers: {"net.3.*": {name: fp32}, "net.*": {name: fp16}}}
+eval: {every: 0}
+"""
+
+
+def test_each_layer_travels_with_its_own_codec(tmp_path):
+    from conftest import read_csv, run_cli
+
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "m.yaml", MIXED)), "--out", str(out), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # the MLP: net.1 is 784 x 64 + 64, net.3 is 64 x 10 + 10
+    down = 784 * 64 * 2 + 64 * 1 + 640 * 1 + 10 * 1  # the first weight at 16 bits, the rest at 8
+    up = 784 * 64 * 2 + 64 * 2 + (640 + 10) * 4  # net.3 in fp32 (first match), the rest of net.* in fp16
+    clients = read_csv(out / "clients.csv")
+    assert [int(c["payload_bytes_down"]) for c in clients] == [down, down]
+    assert [int(c["payload_bytes_up"]) for c in clients] == [up, up]
+
+
+@pytest.mark.parametrize("codec, message", [
+    ("codec: {down: {name: fp32, layers: {'net.1.*': {name: topk}}}}", "algorithm.codec.down: layers['net.1.*'] topk encodes updates"),
+    ("codec: {up: {name: fp32, layers: {'net.1.*': {name: int, bits: 40}}}}", "layers['net.1.*']: codec 'int'"),
+])
+def test_bad_layer_codecs_are_one_clear_line(tmp_path, codec, message):
+    with pytest.raises(ScenarioError) as err:
+        load(tmp_path, STAR, codec)
+    assert message in str(err.value) and len(str(err.value).splitlines()) == 1

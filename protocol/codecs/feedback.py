@@ -21,8 +21,8 @@ class ErrorFeedback:
     def reset(self) -> None:
         self.residual = {}
 
-    def compress(self, update: Mapping[str, np.ndarray], codec: Codec, rng: np.random.Generator
-                 ) -> tuple[EncodedState, dict[str, np.ndarray]]:
+    def compress(self, update: Mapping[str, np.ndarray], codec: Codec, rng: np.random.Generator,
+                 codec_for: Mapping[str, Codec] | None = None) -> tuple[EncodedState, dict[str, np.ndarray]]:
         """update + residual encoded as a delta, and the residual that remains once it is sent
         (not kept yet: the sender keeps it only if the message really leaves)."""
         corrected = {}
@@ -31,7 +31,7 @@ class ErrorFeedback:
             if np.issubdtype(value.dtype, np.floating):
                 value = value.astype(np.float32) + self.residual.get(name, 0.0)
             corrected[name] = value
-        encoded = encode_state(corrected, codec, rng, "delta")
+        encoded = encode_state(corrected, codec, rng, "delta", codec_for)
         decoded, _ = decode_state(encoded.frames)
         remaining = {name: value - decoded[name] for name, value in corrected.items()
                      if np.issubdtype(value.dtype, np.floating)}
