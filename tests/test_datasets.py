@@ -123,20 +123,34 @@ def test_each_data_set_runs_a_round_on_real_processes(tmp_path, dataset, model, 
     assert len(rows) == 1 and int(rows[0]["completed"]) == 2 and rows[0]["accuracy"] != ""
 
 
-@pytest.mark.parametrize("dataset, model, partition, expected", [
-    ("cifar10", "vgg7", "{kind: iid}", "cifar-10-batches-py (missing data_batch_1"),
-    ("femnist", "mnist_cnn", "{kind: natural}", "dataset 'femnist' not found: no JSON files in"),
-    ("femnist", "mnist_cnn", "{kind: iid}", "femnist comes split by writer; use kind: natural"),
-    ("mnist", "char_lstm", "{kind: iid}", "char_lstm is the model for shakespeare"),
+@pytest.mark.parametrize("dataset, model, partition, expected, data_missing", [
+    ("cifar10", "vgg7", "{kind: iid}", "cifar-10-batches-py (missing data_batch_1", True),
+    ("femnist", "mnist_cnn", "{kind: natural}", "dataset 'femnist' not found: no JSON files in", True),
+    ("femnist", "mnist_cnn", "{kind: iid}", "femnist comes split by writer; use kind: natural", False),
+    ("mnist", "char_lstm", "{kind: iid}", "char_lstm is the model for shakespeare", False),
 ])
-def test_missing_data_and_mismatched_keys_are_one_clear_line(tmp_path, dataset, model, partition, expected):
+def test_missing_data_and_mismatched_keys_are_one_clear_line(tmp_path, dataset, model, partition, expected, data_missing):
     text = SCENARIO.format(dataset=dataset, model=model, root=tmp_path / "nothing", partition=partition, split="global")
     path = write_scenario(tmp_path / "s.yaml", text)
-    res = run_cli("validate", str(path), timeout=60)
+    res = run_cli("run", str(path), "--out", str(tmp_path / "out"), timeout=60)
     assert res.returncode == 2
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and expected in lines[0] and str(path) in lines[0], res.stderr
     assert "Traceback" not in res.stderr
+    assert not (tmp_path / "out").exists()
+    checked = run_cli("validate", str(path), timeout=60)
+    if data_missing:  # a valid scenario whose data is elsewhere: a warning, the same message
+        assert checked.returncode == 0 and expected in checked.stderr and "its data set is not here" in checked.stdout
+    else:
+        assert checked.returncode == 2 and expected in checked.stderr
+
+
+def test_shipped_cifar10_scenarios_validate_without_the_data(tmp_path):
+    for mode in ("fp32", "int8", "cosine", "dynamic"):
+        path = REPO / "scenarios" / "paper" / f"cifar10_{mode}.yaml"
+        res = run_cli("validate", str(path), "--set", f"task.data_root={tmp_path}", timeout=60)
+        assert res.returncode == 0 and "schema ok" in res.stdout, res.stderr
+        assert "dataset 'cifar10' not found" in res.stderr
 
 
 def test_cifar10_paper_scenarios_validate_against_the_test_files(tmp_path):
