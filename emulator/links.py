@@ -215,44 +215,42 @@ class FlowModel:
         self.transport.fire(flow, self.t, flow.share * flow.tcp.rtt_base, self._queue_allowance(flow))
         if flow.remaining_bits <= EPS_BITS:
             return True, []
-        if not held and flow.rate > 0 and self.transport.cap(flow, self.t) >= flow.rate:
+        window = self.transport.cap(flow, self.t)
+        if not held and flow.rate > 0 and window >= flow.rate:
             # its window neither held it back nor does now: every rate stays as it is (only the
             # queue its window holds may have changed)
             self._standing_queues([f for f, fl in self.flows.items() if fl.active])
-            flow.version += 1
-            flow.done_at = self.transport.next_event(flow, self.t)
-            return False, [(fid, flow.done_at, flow.version)] if flow.done_at < INF else []
-        if held and self._window_moves_alone(flow):
-            return False, self._set_window_rate(fid, flow)
+            return False, self._reschedule_alone(fid, flow)
+        if held and self._window_moves_alone(flow, window):
+            for link in flow.path:
+                if link in self.load:
+                    self.load[link] += window - flow.rate
+            flow.rate = window
+            self.transport.after_rates(flow, self.t, True)
+            # no standing queue changes: a window-limited flow keeps none, before and after
+            return False, self._reschedule_alone(fid, flow)
         flow.done_at = INF  # forces a fresh schedule
         return False, self._rebalance(force=fid)
 
-    def _window_moves_alone(self, flow: Flow) -> bool:
+    def _reschedule_alone(self, fid: Hashable, flow: Flow) -> list[tuple[Hashable, float, int]]:
+        """The flow's next event when no other flow's rate changed."""
+        flow.version += 1
+        flow.done_at = self.transport.next_event(flow, self.t)
+        return [(fid, flow.done_at, flow.version)] if flow.done_at < INF else []
+
+    def _window_moves_alone(self, flow: Flow, window: float) -> bool:
         """A flow its window held, whose new window still holds it, on links that fix nobody's rate
         and keep room for the change: the max-min solution of everyone else stays as it is (so
         there is nothing to recompute; one window event per RTT and loss makes this the common case)."""
-        new = self.transport.cap(flow, self.t)
-        if not 0 <= flow.rate < INF or new >= INF:
+        if not 0 <= flow.rate < INF or window >= INF:
             return False
         for link in flow.path:
             cap = self.capacity.get(link, INF)
             if cap >= INF:
                 continue
-            if link in self.pinned or self.load.get(link, 0.0) - flow.rate + new > cap * (1 - 1e-9):
+            if link in self.pinned or self.load.get(link, 0.0) - flow.rate + window > cap * (1 - 1e-9):
                 return False
         return True
-
-    def _set_window_rate(self, fid: Hashable, flow: Flow) -> list[tuple[Hashable, float, int]]:
-        new = self.transport.cap(flow, self.t)
-        for link in flow.path:
-            if link in self.load:
-                self.load[link] += new - flow.rate
-        flow.rate = new
-        self.transport.after_rates(flow, self.t, True)
-        flow.version += 1
-        flow.done_at = self.transport.next_event(flow, self.t)
-        # no standing queue changes: a window-limited flow keeps none, before and after
-        return [(fid, flow.done_at, flow.version)] if flow.done_at < INF else []
 
     def _snap(self, flow: Flow) -> None:
         """What is left to send at an event that falls due now is zero when sending it would not

@@ -163,6 +163,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     alg = sc.algorithm
     per_round = sc.selection.per_round(n)
     tensor_names = list(task.build().state_dict())
+    fedalign_cfg = _fedalign_config(alg.fedalign) if alg.name == "fedalign" else None
     q = alg.quantization
     schedule = BitSchedule(q.schedule, sc.rounds, q.b_min, q.b_max)
     server = ServerConfig(
@@ -173,7 +174,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         samples={c.profile.name: int(c.profile.indices.size) for c in clients},
         selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
-        selection_params=_selection_params(sc), fedalign=_fedalign_config(alg.fedalign) if alg.name == "fedalign" else None, server_lr=alg.fedalign.server_lr,
+        selection_params=_selection_params(sc), fedalign=fedalign_cfg, server_lr=alg.fedalign.server_lr,
         eval_shards=test_shards if sc.eval.split == "clients" else None,
         down_layers=alg.codec.down.build_layers(tensor_names),
     )
@@ -182,8 +183,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
                       noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n))
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
-                          _fedalign_config(alg.fedalign) if alg.name == "fedalign" else None,
-                          error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
+                          fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
                           up_layers=alg.codec.up.build_layers(tensor_names))
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     sl = sc.server.link

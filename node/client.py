@@ -197,12 +197,12 @@ class ClientActor:
                 if update.noise_scale > 0:
                     release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
                 encoded = encode_state(update.delta, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
-            elif self.feedback:
-                encoded, residual = self.feedback.compress({k: new_state[k] - state[k] for k in new_state}, codec, rng,
-                                                           self.cfg.up_layers)
-            elif codec.encodes_delta or any(c.encodes_delta for c in self.cfg.up_layers.values()):
-                payload = {k: new_state[k] - state[k] for k in new_state}
-                encoded = encode_state(payload, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
+            elif self.feedback or codec.encodes_delta or any(c.encodes_delta for c in self.cfg.up_layers.values()):
+                delta = {k: new_state[k] - state[k] for k in new_state}
+                if self.feedback:
+                    encoded, residual = self.feedback.compress(delta, codec, rng, self.cfg.up_layers)
+                else:
+                    encoded = encode_state(delta, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
             else:
                 encoded = encode_state(new_state, codec, rng, codec_for=self.cfg.up_layers)
             update = Send("server", "update", task.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
