@@ -32,30 +32,42 @@ def main() -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Run directory (default: output.dir/NAME-TIME).")
 def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
     """Run SCENARIO and write its run directory."""
-    from .conductor import run_scenario  # heavy imports only when running
+    from .conductor import StopSignal, exit_code, raise_stop_signal, run_scenario  # heavy imports only when running
 
     # Ctrl-C must stop a run even when started from a context that ignores SIGINT (a background
-    # job of a script), which Python would otherwise inherit and keep.
+    # job of a script), which Python would otherwise inherit and keep. SIGTERM and SIGHUP stop it
+    # the same way.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, raise_stop_signal)
 
     try:
         sc, resolved = load_scenario(scenario, list(overrides))
         summary = run_scenario(sc, resolved, out)
     except ScenarioError as exc:
         _fail(scenario, exc)
+    except KeyboardInterrupt as exc:  # before the run directory existed
+        signum = exc.signum if isinstance(exc, StopSignal) else signal.SIGINT
+        click.echo(f"stopped by {signal.Signals(signum).name} before the run started; nothing was written", err=True)
+        sys.exit(128 + signum)
     traffic = (f"payload peer-to-peer {summary['payload_gib_peer']:.4f} GiB" if summary.get("topology") == "ring" else
                f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB")
     click.echo(
         f"{summary['status']}: {summary['rounds_completed']} rounds, emulated {summary['emulated_time_s']:.3f} s, "
         f"wall {summary['wall_time_s']:.1f} s, best accuracy {summary['best_accuracy']}, {traffic}"
     )
+    refused = summary.get("refused_messages")
+    if refused and refused.get("total"):
+        click.echo(f"refused {refused['total']} messages from {len(refused['by_peer'])} peers that are not the run's or "
+                   f"broke its protocol (summary.json: refused_messages)")
     click.echo(f"results: {summary['run_dir']}")
     run_dir = Path(summary["run_dir"])
-    if summary["status"] == "interrupted":  # the user wants out now; plots can wait
-        click.echo(f"plots: not written; python -m emulator report {run_dir} writes them", err=True)
+    if summary["status"] in ("interrupted", "terminated"):  # the user wants out now; plots can wait
+        click.echo(f"{summary['status']}: {summary.get('reason')}; plots not written "
+                   f"(python -m emulator report {run_dir} writes them)", err=True)
     else:
         _write_plots(run_dir)
-    sys.exit({"completed": 0, "interrupted": 130}.get(summary["status"], 1))
+    sys.exit(exit_code(summary))
 
 
 def _write_plots(run_dir: Path) -> None:

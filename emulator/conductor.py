@@ -64,6 +64,28 @@ class FreshProcess:
         self._popen.kill()
 
 
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (what timeout, Slurm, Kubernetes and systemd send): stop as on Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def raise_stop_signal(signum: int, _frame: Any) -> None:
+    raise StopSignal(signum)
+
+
+EXIT_CODES = {"completed": 0, "interrupted": 130, "no_clients": 3}
+
+
+def exit_code(summary: dict) -> int:
+    """0 completed, 3 no client ever took part, 128 + the signal when stopped by one, 1 failed."""
+    if summary["status"] == "terminated":
+        return 128 + int(summary.get("signal", signal.SIGTERM))
+    return EXIT_CODES.get(summary["status"], 1)
+
+
 @dataclass
 class Child:
     name: str
@@ -78,6 +100,14 @@ def population_rows(world: World) -> list[dict]:
         "link": c.link_name, "up_mbps": c.link.up_bps / 1e6, "down_mbps": c.link.down_bps / 1e6,
         "latency_ms": c.link.latency_s * 1000, "samples": int(c.profile.indices.size),
     } for c in world.clients]
+
+
+def max_message_bytes(world: World) -> int:
+    """The largest frame a peer of this run can have a reason to send: a model as fp32 with room for
+    sparse indices, plus the envelope. ZeroMQ disconnects a peer that sends more."""
+    model = world.task.build()
+    fp32 = 4 * sum(int(v.numel()) for v in model.state_dict().values())
+    return 4 * fp32 + envelope.MAX_ENVELOPE_BYTES + 16 * 2**20
 
 
 def new_run_dir(base: Path, name: str) -> Path:
@@ -114,12 +144,15 @@ class Conductor:
         serverless = world.ring is not None
         if not serverless:
             links[SERVER] = world.server_link
-        net_cfg = NetworkConfig(endpoint, [CONDUCTOR, *([] if serverless else [SERVER]), *hosts], links, world.framing, me,
+        peers = {CONDUCTOR: [], **({} if serverless else {SERVER: [SERVER]}),
+                 **{name: [c.profile.name for c in world.clients if c.host == h] for h, name in enumerate(hosts)}}
+        net_cfg = NetworkConfig(endpoint, peers, links, world.framing, me,
                                 world.faults, clock.speedup if clock.mode == "realtime" else None,
                                 devices={c.profile.name: c.spec for c in world.clients if c.spec is not None},
                                 seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of,
                                 tcp=world.tcp, group_queue_s=world.group_queue_s,
-                                starters=names if serverless else [SERVER], watchers=names if serverless else [SERVER])
+                                starters=names if serverless else [SERVER], watchers=names if serverless else [SERVER],
+                                peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world))
         specs = [("network", "network", network_main, (net_cfg,))]
         if not serverless:
             specs.append(("server", "server", server_main, (endpoint, world.server, names, world.task, 1, me)))
@@ -196,12 +229,22 @@ class Conductor:
             sock.connect(endpoint)
             sock.send(envelope.pack("hello", peer=CONDUCTOR, actors=[]))
             status, reason = self._supervise(sock, writer)
-        except KeyboardInterrupt:
-            status, reason, interrupted = "interrupted", "stopped by the user (SIGINT)", True
+        except KeyboardInterrupt as exc:
+            # a second signal must not cut the cleanup short: children and the summary come first
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)
+            interrupted = True
+            if isinstance(exc, StopSignal):
+                name = signal.Signals(exc.signum).name
+                status, reason = "terminated", f"stopped by {name}"
+                writer.summary["signal"] = int(exc.signum)
+            else:
+                status, reason = "interrupted", "stopped by the user (SIGINT)"
         finally:
             if sock is not None and not interrupted:
                 try:
                     sock.send(envelope.pack("stop"), zmq.NOBLOCK)
+                    self._drain_after_stop(sock, writer)
                 except zmq.ZMQError:
                     pass
             if interrupted:
@@ -229,18 +272,9 @@ class Conductor:
             if sock.poll(POLL_MS):
                 last_progress = time.monotonic()
                 while sock.poll(0):
-                    frames = sock.recv_multipart()
-                    env = envelope.unpack(frames[0])
-                    body = env.get("body", {})
-                    if env["op"] == "record":
-                        for rec in body.get("transfers", []):
-                            writer.transfer(rec)
-                        for rec in body.get("devices", []):
-                            writer.device(rec)
-                    elif env["op"] == "report":
-                        done = self._on_report(body, writer)
-                        if done:
-                            return "completed", None
+                    outcome = self._receive(sock, writer)
+                    if outcome is not None:
+                        return outcome
             now = time.monotonic()
             if now - last_rss >= RSS_EVERY_S:
                 self._sample_memory()
@@ -249,28 +283,81 @@ class Conductor:
                 code = child.proc.exitcode
                 if code is None or child.lost:
                     continue
-                child.lost = True
                 how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                emulated = writer.rows[-1]["t_end"] if writer.rows else 0.0
-                if child.role != "host":
-                    writer.incident(f"{child.name} process {how}; the run cannot continue", emulated_time_s=emulated)
-                    return "failed", f"{child.name} process {how}"
-                lost = [c for c in self.children if c.role == "host"]
-                writer.incident(f"{child.name} process {how}; its clients count as failed from now on",
-                                process=child.name, pid=child.proc.pid, wall_time_s=now - self.t0,
-                                after_round=writer.rows[-1]["round"] if writer.rows else None)
-                self.say(f"! {child.name} {how}: its clients are dropped")
-                sock.send(envelope.pack("peer_lost", peer=child.name))
-                if self.ring is not None:
-                    for rep in self.ring.lose(self.host_clients.get(child.name, [])):
-                        self._round_row(rep, writer)
-                    if not self.ring.expected:
-                        return "failed", "every host is gone: no ring client is left"
-                elif all(c.lost for c in lost):
-                    self.say("! every host is gone; the server will finish with no clients")
+                outcome = self._lose(child, how, sock, writer)
+                if outcome is not None:
+                    return outcome
             if now - last_progress > stall:
                 writer.incident(f"no progress for {stall:.0f} s of wall time")
                 return "failed", f"stalled: no message for {stall:.0f} s"
+
+    def _drain_after_stop(self, sock: zmq.Socket, writer: RunWriter) -> None:
+        """What the network still sends as it stops (its last records and counts), until it exits."""
+        network = next((c.proc for c in self.children if c.role == "network"), None)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while network is not None and network.is_alive() and time.monotonic() < deadline:
+            if sock.poll(50):
+                while sock.poll(0):
+                    self._receive(sock, writer)
+
+    def _receive(self, sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None] | None:
+        """One message from the network process; (status, reason) when the run is over."""
+        frames = sock.recv_multipart()
+        try:
+            env = envelope.unpack(frames[0])
+        except envelope.ProtocolError as exc:  # only the network speaks to us; count it, never die of it
+            writer.incident("the conductor refused a message from the network process", error=str(exc))
+            return None
+        body = env.get("body", {})
+        if env["op"] == "record":
+            for rec in body.get("transfers", []):
+                writer.transfer(rec)
+            for rec in body.get("devices", []):
+                writer.device(rec)
+        elif env["op"] == "report":
+            if body.get("type") == "peer_silent":
+                return self._declare_lost(body, sock, writer)
+            if self._on_report(body, writer):
+                return "completed", None
+        return None
+
+    def _declare_lost(self, body: dict[str, Any], sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None] | None:
+        """A peer stopped answering (stopped, deadlocked, swapping): kill it and carry on as if it
+        had died."""
+        child = next((c for c in self.children if c.name == body.get("peer")), None)
+        if child is None or child.lost:
+            return None
+        wall = time.monotonic() - self.t0
+        how = (f"silent for {body['silent_s']:.1f} s (no heartbeat), declared lost at wall {wall:.1f} s, "
+               f"emulated {body['t_net']:.3f} s, and killed")
+        if child.proc.is_alive():
+            child.proc.kill()
+            child.proc.join(timeout=2.0)
+        return self._lose(child, how, sock, writer, declared_at_emulated_s=body["t_net"])
+
+    def _lose(self, child: Child, how: str, sock: zmq.Socket, writer: RunWriter, **extra: Any) -> tuple[str, str | None] | None:
+        """A child process is gone. A host's clients fail from now on; without the network or the
+        server the run cannot go on."""
+        child.lost = True
+        now = time.monotonic()
+        emulated = writer.rows[-1]["t_end"] if writer.rows else 0.0
+        if child.role != "host":
+            writer.incident(f"{child.name} process {how}; the run cannot continue", process=child.name,
+                            emulated_time_s=emulated, wall_time_s=now - self.t0, **extra)
+            return "failed", f"{child.name} process {how}"
+        writer.incident(f"{child.name} process {how}; its clients count as failed from now on",
+                        process=child.name, pid=child.proc.pid, wall_time_s=now - self.t0,
+                        after_round=writer.rows[-1]["round"] if writer.rows else None, **extra)
+        self.say(f"! {child.name} {how}: its clients are dropped")
+        sock.send(envelope.pack("peer_lost", peer=child.name))
+        if self.ring is not None:
+            for rep in self.ring.lose(self.host_clients.get(child.name, [])):
+                self._round_row(rep, writer)
+            if not self.ring.expected:
+                return "failed", "every host is gone: no ring client is left"
+        elif all(c.lost for c in self.children if c.role == "host"):
+            self.say("! every host is gone; the server will finish with no clients")
+        return None
 
     def _on_report(self, body: dict[str, Any], writer: RunWriter) -> bool:
         kind = body.get("type")
@@ -287,6 +374,12 @@ class Conductor:
             writer.privacy_release(body)
         elif kind in ("error", "rejected"):
             writer.incident(kind, **{k: v for k, v in body.items() if k != "type"})
+        elif kind == "refused_claim":
+            writer.incident(f"refused a claim on actor names: {body.get('reason')}", peer=body.get("peer"),
+                            emulated_time_s=body.get("t_net"))
+            self.say(f"! network refused a claim: {body.get('reason')}")
+        elif kind == "refused_messages":
+            writer.summary["refused_messages"] = {k: body.get(k) for k in ("total", "by_peer", "banned")}
         elif kind == "finished":
             return True
         return False

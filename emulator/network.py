@@ -25,6 +25,7 @@ from node.compute import LoadModel, cpu_load
 
 from .devices import DeviceSpec, stable_key
 from .links import INF, FlowModel, Framing
+from .peers import PeerGuard
 from .transport import TcpParams, TcpTransport
 
 CONDUCTOR = "conductor"
@@ -69,7 +70,7 @@ def truncated(frames: list[Any]) -> list[Any]:
 @dataclass
 class NetworkConfig:
     endpoint: str
-    peers: list[str]  # every peer that must say hello before the clock starts (conductor included)
+    peers: dict[str, list[str]]  # every peer that must say hello before the clock starts -> the actors it may claim
     links: dict[str, Link]  # access link of each actor
     framing: Framing = field(default_factory=Framing)
     parent_pid: int | None = None
@@ -84,6 +85,8 @@ class NetworkConfig:
     group_of: dict[str, list[str]] = field(default_factory=dict)  # actor -> shared links its traffic crosses
     starters: list[str] = field(default_factory=lambda: [SERVER])  # who gets "start" at t = 0
     watchers: list[str] = field(default_factory=lambda: [SERVER])  # who learns of a lost host ("peer_down")
+    peer_timeout_s: float | None = 30.0  # a peer silent this long (wall) is reported to the conductor as lost
+    max_message_bytes: int = -1  # larger frames make ZeroMQ drop the sender's connection (-1: no limit)
 
 
 class LagMeter:
@@ -144,14 +147,17 @@ class Network:
         self.hold_ids = itertools.count()
         self.transfer_ids = itertools.count()
         self.net_counter = itertools.count()
-        self.actor_peer: dict[str, str] = {}
+        self.guard = PeerGuard(cfg.peers)
+        self.actor_peer = self.guard.owner
         self.peer_actors: dict[str, list[str]] = {}
+        self.last_heard: dict[str, float] = {}  # wall time of each peer's last message
+        self.busy_for: dict[str, float] = {}  # what its last heartbeat said about its current job
+        self.reported_silent: set[str] = set()
         self.dead: set[str] = set()
         self.transfers: dict[int, Transfer] = {}
         self.flows = FlowModel(self._capacities(), TcpTransport(cfg.tcp) if cfg.tcp else None, self._queues())
         self.started = False
         self.stopping = False
-        self.rejected = 0
         self.wall_start: float | None = None  # realtime mode: wall clock at emulated time 0
         self.lag = LagMeter()
         self.devices = cfg.devices
@@ -190,19 +196,43 @@ class Network:
         heapq.heappush(self.queue, (t, cls, name, n, sub, event))
 
     # ---- messages from peers -----------------------------------------------------------------
+    def receive(self, identity: bytes, frames: list[Any]) -> None:
+        """One message as the ROUTER socket gives it. Nothing a peer sends can raise here: what is
+        refused is counted and logged by the guard."""
+        if identity in self.guard.banned:
+            return
+        peer = self.guard.known(identity)
+        if peer is None:
+            self.guard.refuse(identity, "not a peer of this run", sum(memoryview(f.buffer).nbytes for f in frames))
+            return
+        self.last_heard[peer] = time.monotonic()
+        self.reported_silent.discard(peer)
+        if not frames:
+            self._refuse(peer, "an empty message")
+            return
+        self.on_message(peer, frames)
+
+    def _refuse(self, peer: str, reason: str) -> None:
+        self.guard.refuse(peer.encode(), reason)
+
     def on_message(self, peer: str, frames: list[Any]) -> None:
         try:
             env = envelope.unpack(frames[0].buffer)
         except envelope.ProtocolError as exc:
-            self.rejected += 1
-            print(f"[network] rejected message from {peer}: {exc}", file=sys.stderr)
+            self._refuse(peer, str(exc))
             return
         op = env["op"]
-        if op == "hello":
+        if op == "alive":
+            self.busy_for[peer] = float(env["busy_s"])
+        elif op == "hello":
+            refused = (f"{peer} said hello as {env['peer']!r}" if env["peer"] != peer else
+                       self.guard.claim(peer, list(env["actors"])))
+            if refused:
+                self._refuse(peer, refused)
+                self.to_conductor("report", {"type": "refused_claim", "peer": peer, "reason": refused, "t_net": self.now})
+                return
             self.peer_actors[peer] = list(env["actors"])
-            for actor in env["actors"]:
-                self.actor_peer[actor] = peer
-            if not self.started and set(self.cfg.peers) <= set(self.peer_actors):
+            if not self.started and set(self.cfg.peers) <= self.guard.greeted:
                 self.started = True
                 self.wall_start = time.monotonic()
                 self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})
@@ -224,11 +254,12 @@ class Network:
             self._on_peer_lost(env["peer"])
         elif op == "stop" and peer == CONDUCTOR:
             self.stopping = True
+        else:
+            self._refuse(peer, f"op {op!r} is not one a peer may send")
 
     def _owns(self, peer: str, actor: str) -> bool:
         if self.actor_peer.get(actor) != peer:
-            self.rejected += 1
-            print(f"[network] {peer} may not act for {actor!r}; message rejected", file=sys.stderr)
+            self._refuse(peer, f"{peer} may not act for {actor!r}")
             return False
         return True
 
@@ -245,6 +276,10 @@ class Network:
                 "outcome": "battery" if src in self.battery_dead else "offline", "wasted_bytes": 0}]})
             return
         dsts = env["dst"] if isinstance(env["dst"], list) else [env["dst"]]
+        unknown = [d for d in dsts if d not in self.cfg.links]
+        if unknown or not dsts:
+            self._refuse(peer, f"send from {src} to {'no actor' if not dsts else 'unknown actors ' + repr(unknown[:3])}")
+            return
         payload = [f.buffer for f in payload]
         if any(f.kind == "truncate" and f.active(src, t) for f in self.cfg.faults):
             payload = truncated(payload)
@@ -260,7 +295,8 @@ class Network:
 
     def _on_done(self, peer: str, env: dict[str, Any]) -> None:
         hold = self.holds.get(env["hold"])
-        if hold is None or self.actor_peer.get(hold[0]) != peer:
+        if hold is None or self.actor_peer.get(hold[0]) != peer or hold[0] != env["actor"]:
+            self._refuse(peer, f"done for hold {env['hold']}, which is not {peer}'s")
             return
         if env["busy_until"] is None:
             del self.holds[env["hold"]]
@@ -567,6 +603,7 @@ class Network:
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_message_bytes)
         sock.bind(self.cfg.endpoint)
         self._outbox: list[bytes] = []
         try:
@@ -577,14 +614,17 @@ class Network:
                 if sock.poll(timeout):
                     while sock.poll(0):
                         frames = sock.recv_multipart(copy=False)
-                        self.on_message(bytes(frames[0].buffer).decode(), frames[1:])
+                        self.receive(bytes(frames[0].buffer), frames[1:])
                 elif timeout and self.cfg.parent_pid is not None and os.getppid() != self.cfg.parent_pid:
                     return
+                self._watch_peers()
                 # Process a bounded batch before looking at the socket again, so replies flow in.
                 for _ in range(64):
                     if not self.step(sock):
                         break
                 self._flush(sock)
+            if self.guard.changed:
+                self.to_conductor("report", {"type": "refused_messages", **self.guard.counts(), "t_net": self.now})
             self._flush(sock)
             for peer in self.peer_actors:
                 if peer != CONDUCTOR:
@@ -595,6 +635,25 @@ class Network:
             time.sleep(0.05)
         finally:
             ctx.destroy(linger=0)
+
+    def _watch_peers(self) -> None:
+        """Once a second: tell the conductor of refused messages, and of peers gone silent. A peer
+        whose last heartbeat said it was in the middle of a long job gets as long again."""
+        now = time.monotonic()
+        if now - getattr(self, "_last_watch", 0.0) < 1.0:
+            return
+        self._last_watch = now
+        if self.guard.changed:
+            self.to_conductor("report", {"type": "refused_messages", **self.guard.counts(), "t_net": self.now})
+        if self.cfg.peer_timeout_s is None:
+            return
+        for peer in self.guard.greeted:
+            if peer == CONDUCTOR or peer in self.reported_silent or peer not in self.last_heard:
+                continue
+            silent = now - self.last_heard[peer]
+            if silent > max(self.cfg.peer_timeout_s, 2 * self.busy_for.get(peer, 0.0)):
+                self.reported_silent.add(peer)
+                self.to_conductor("report", {"type": "peer_silent", "peer": peer, "silent_s": silent, "t_net": self.now})
 
     def _flush(self, sock: zmq.Socket) -> None:
         for header in self._outbox:

@@ -415,6 +415,9 @@ class Output(Strict):
 
 class Run(Strict):
     stall_timeout_s: float = Field(600.0, gt=0, description="abort if nothing happens for this long (wall time)")
+    peer_timeout_s: Optional[float] = Field(
+        30.0, gt=0, description="a host or server silent this long (wall s; no heartbeat) is declared lost, killed, and "
+                                "handled like a killed host; doubled past a job's running time; null: never")
 
 
 class Scenario(Strict):

@@ -12,6 +12,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,6 +23,8 @@ from protocol import envelope
 from .actor import Actor, Message, Reaction
 
 POLL_MS = 500
+HEARTBEAT_S = 1.0  # the network declares a peer lost after run.peer_timeout_s without a message
+LOG_EVERY_S = 5.0
 RESUME = "resume:"  # timer tag of a continuation waiting for its emulated time
 
 
@@ -50,6 +53,10 @@ class Runtime:
         self._stopping = False
         self._resumes: dict[int, tuple[str, Callable[[], Reaction]]] = {}
         self._resume_ids = itertools.count()
+        self._job_started: float | None = None  # wall time the worker's current job began
+        self.refused = 0
+        self._refused_unlogged = 0
+        self._last_refusal_log = -float("inf")
 
     # ---- threads -------------------------------------------------------------------------
     def _signal(self, ctx: zmq.Context, address: str) -> Callable[[], None]:
@@ -71,11 +78,13 @@ class Runtime:
                 if self._stopping:
                     return
                 job = heapq.heappop(self._jobs)
+            self._job_started = time.monotonic()
             try:
                 outcome = job.work()
             except Exception:
                 traceback.print_exc()
                 outcome = Reaction(reports=[{"type": "error", "actor": job.actor, "error": traceback.format_exc(limit=3)}])
+            self._job_started = None
             self._finished.put((job, outcome))
             wake()
 
@@ -121,7 +130,7 @@ class Runtime:
             return
         actor = self.actors.get(env["dst"])
         if actor is None:
-            print(f"[{self.peer}] delivery for unknown actor {env['dst']!r} dropped", file=sys.stderr)
+            self._refuse(f"delivery for unknown actor {env['dst']!r}")
             sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
             return
         msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames, env["device"])
@@ -165,11 +174,18 @@ class Runtime:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake_sock, zmq.POLLIN)
+        last_beat = time.monotonic()
         try:
             while True:
                 events = dict(poller.poll(POLL_MS))
                 if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     return  # the conductor is gone: never outlive it
+                now = time.monotonic()
+                if now - last_beat >= HEARTBEAT_S:
+                    # from this I/O thread, so a peer that trains for minutes still answers
+                    started = self._job_started
+                    sock.send(envelope.pack("alive", busy_s=0.0 if started is None else max(0.0, now - started)))
+                    last_beat = now
                 if wake_sock in events:
                     while wake_sock.poll(0):
                         wake_sock.recv()
@@ -180,18 +196,31 @@ class Runtime:
                         try:
                             env = envelope.unpack(frames[0].buffer)
                         except envelope.ProtocolError as exc:
-                            print(f"[{self.peer}] rejected message: {exc}", file=sys.stderr)
+                            self._refuse(str(exc))
                             continue
                         if env["op"] == "stop":
                             return
                         if env["op"] == "deliver":
                             self._deliver(sock, env, frames[1:])
+                        else:
+                            self._refuse(f"op {env['op']!r} is not one the network sends")
         finally:
             with self._jobs_cv:
                 self._stopping = True
                 self._jobs_cv.notify_all()
             self._reports.put(None)
             ctx.destroy(linger=0)
+
+    def _refuse(self, reason: str) -> None:
+        """Count a message this process will not act on; say so at most once per LOG_EVERY_S."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._last_refusal_log >= LOG_EVERY_S:
+            more = f" ({self._refused_unlogged} more since the last line)" if self._refused_unlogged else ""
+            print(f"[{self.peer}] refused a message: {reason}{more}", file=sys.stderr)
+            self._last_refusal_log, self._refused_unlogged = now, 0
+        else:
+            self._refused_unlogged += 1
 
     def _drain(self, sock: zmq.Socket) -> None:
         while True:

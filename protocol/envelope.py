@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
 import msgpack
 
 VERSION = 1
@@ -29,8 +31,12 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "report": {"body": _MAP},
     "record": {"body": _MAP},
     "peer_lost": {"peer": _STR},
+    "alive": {"busy_s": _NUM},  # a heartbeat: wall seconds the peer's current job has run (0: idle)
     "stop": {},
 }
+# numbers that are counts, ids or times: never negative
+NONNEGATIVE = frozenset({"n", "payload", "fp32", "hold", "at", "busy_until", "busy_s"})
+INT64 = (-(2**63), 2**63 - 1)
 
 
 class ProtocolError(ValueError):
@@ -67,8 +73,22 @@ def unpack(frame: Any) -> dict[str, Any]:
         value = env[field]
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise ProtocolError(f"{op}: field {field!r} has the wrong type ({type(value).__name__})")
+        if isinstance(value, (int, float)):
+            _check_number(op, field, value)
     if "kind" in schema and env["kind"] not in KINDS:
         raise ProtocolError(f"{op}: message kind {env['kind']!r} unknown")
     if op == "send" and isinstance(env["dst"], list) and not all(isinstance(d, str) for d in env["dst"]):
         raise ProtocolError("send: dst list must hold actor names")
+    if op == "hello" and not all(isinstance(a, str) for a in env["actors"]):
+        raise ProtocolError("hello: actors must be actor names")
     return env
+
+
+def _check_number(op: str, field: str, value: float) -> None:
+    """Times must be finite, integers must fit in 64 bits, counts and ids must not be negative."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(f"{op}: field {field!r} is not finite ({value})")
+    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+        raise ProtocolError(f"{op}: field {field!r} is out of the 64-bit range")
+    if value < 0 and (field in NONNEGATIVE or field == "t"):
+        raise ProtocolError(f"{op}: field {field!r} is negative ({value})")

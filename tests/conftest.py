@@ -75,3 +75,16 @@ def wait_for_rounds(out, n, proc, timeout=90):
 
 def children_by_name(pid):
     return {p.name(): p for p in psutil.Process(pid).children(recursive=True)}
+
+
+def network_endpoint(conductor_pid: int, timeout: float = 30) -> str:
+    """The ipc endpoint a run's network process listens on (read from its open sockets)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        net = children_by_name(conductor_pid).get("flemu-network")
+        if net is not None:
+            for conn in net.net_connections(kind="unix"):
+                if conn.laddr and "flemu-" in conn.laddr:
+                    return "ipc://" + conn.laddr
+        time.sleep(0.1)
+    raise AssertionError("no network process listening")
