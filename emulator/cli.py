@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import faulthandler
+import json
 import signal
 import sys
 from pathlib import Path
@@ -30,9 +31,15 @@ def main() -> None:
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a scenario key (dotted path).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Run directory (default: output.dir/NAME-TIME).")
-def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
-    """Run SCENARIO and write its run directory."""
+@click.option("--quiet", is_flag=True, help="Print nothing while the run goes, only its outcome.")
+@click.option("--json-progress", is_flag=True,
+              help="Print one JSON object per line on stdout: each round as it finishes, each incident, the summary last.")
+@click.option("--plain", is_flag=True, help="One line per round even on a terminal (no live panel).")
+def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: bool, json_progress: bool, plain: bool) -> None:
+    """Run SCENARIO and write its run directory. On a terminal a live panel shows the round in
+    progress; elsewhere (logs, CI) one line per round."""
     from .conductor import StopSignal, exit_code, raise_stop_signal, run_scenario  # heavy imports only when running
+    from .progress import make_view
 
     # Ctrl-C must stop a run even when started from a context that ignores SIGINT (a background
     # job of a script), which Python would otherwise inherit and keep. SIGTERM and SIGHUP stop it
@@ -43,7 +50,9 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
 
     try:
         sc, resolved = load_scenario(scenario, list(overrides))
-        summary = run_scenario(sc, resolved, out)
+        mode = "json" if json_progress else "quiet" if quiet else "plain" if plain else "auto"
+        view = make_view(mode, sc.rounds, sc.topology == "ring", sc.clock.mode == "realtime")
+        summary = run_scenario(sc, resolved, out, view)
     except ScenarioError as exc:
         _fail(scenario, exc)
     except KeyboardInterrupt as exc:  # before the run directory existed
@@ -52,30 +61,36 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None) -> None:
         sys.exit(128 + signum)
     traffic = (f"payload peer-to-peer {summary['payload_gib_peer']:.4f} GiB" if summary.get("topology") == "ring" else
                f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB")
+    if json_progress:  # stdout stays one JSON object per line; the words go to stderr
+        keep = ("status", "reason", "rounds_completed", "emulated_time_s", "wall_time_s", "best_accuracy", "payload_gib_up",
+                "payload_gib_down", "payload_gib_peer", "run_dir")
+        click.echo(json.dumps({"type": "summary", **{k: summary.get(k) for k in keep}}))
     click.echo(
         f"{summary['status']}: {summary['rounds_completed']} rounds, emulated {summary['emulated_time_s']:.3f} s, "
-        f"wall {summary['wall_time_s']:.1f} s, best accuracy {summary['best_accuracy']}, {traffic}"
+        f"wall {summary['wall_time_s']:.1f} s, best accuracy {summary['best_accuracy']}, {traffic}", err=json_progress
     )
     refused = summary.get("refused_messages")
     if refused and refused.get("total"):
         click.echo(f"refused {refused['total']} messages from {len(refused['by_peer'])} peers that are not the run's or "
-                   f"broke its protocol (summary.json: refused_messages)")
-    click.echo(f"results: {summary['run_dir']}")
+                   f"broke its protocol (summary.json: refused_messages)", err=json_progress)
+    click.echo(f"results: {summary['run_dir']}", err=json_progress)
     run_dir = Path(summary["run_dir"])
+    if summary["status"] in ("no_clients", "failed"):
+        click.echo(f"{summary['status']}: {summary.get('reason')}", err=True)
     if summary["status"] in ("interrupted", "terminated"):  # the user wants out now; plots can wait
         click.echo(f"{summary['status']}: {summary.get('reason')}; plots not written "
                    f"(python -m emulator report {run_dir} writes them)", err=True)
     else:
-        _write_plots(run_dir)
+        _write_plots(run_dir, err=json_progress)
     sys.exit(exit_code(summary))
 
 
-def _write_plots(run_dir: Path) -> None:
+def _write_plots(run_dir: Path, err: bool = False) -> None:
     try:
         from .report import plot
 
         plots = plot(run_dir)
-        click.echo(f"plots: {len(plots)} in {run_dir / 'plots'}")
+        click.echo(f"plots: {len(plots)} in {run_dir / 'plots'}", err=err)
     except Exception as exc:  # plotting must never cost the results, which are already on disk
         click.echo(f"warning: plots not written ({type(exc).__name__}: {exc})", err=True)
 

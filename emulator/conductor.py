@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import zmq
@@ -21,7 +21,8 @@ import zmq
 from node.processes import host_main, server_main
 from protocol import envelope
 from .network import CONDUCTOR, SERVER, NetworkConfig, network_main
-from .results import RingRounds, RunWriter, fmt_bytes
+from .progress import View
+from .results import RingRounds, RunWriter
 from .scenario import Scenario
 from .world import World, build_world
 
@@ -120,11 +121,11 @@ def new_run_dir(base: Path, name: str) -> Path:
 
 
 class Conductor:
-    def __init__(self, sc: Scenario, resolved: dict, run_dir: Path, progress: Callable[[str], None] = print):
+    def __init__(self, sc: Scenario, resolved: dict, run_dir: Path, view: View | None = None):
         self.sc = sc
         self.resolved = resolved
         self.run_dir = run_dir
-        self.say = progress
+        self.view = view or View(sc.rounds, sc.topology == "ring")
         self.children: list[Child] = []
         self.t0 = time.monotonic()
         self.peak_rss = 0
@@ -132,6 +133,7 @@ class Conductor:
         self.startup_s: float | None = None
         self.host_clients: dict[str, list[str]] = {}
         self.ring: RingRounds | None = None
+        self.last_shortfall: dict[str, Any] | None = None
 
     # ---- processes -----------------------------------------------------------------------------
     def _spawn(self, world: World, endpoint: str) -> None:
@@ -252,6 +254,7 @@ class Conductor:
                     if c.proc.is_alive():
                         c.proc.terminate()
             self._stop_children()
+            self.view.close()
             if ctx is not None:
                 ctx.destroy(linger=0)
             shutil.rmtree(ipc_dir, ignore_errors=True)
@@ -312,13 +315,14 @@ class Conductor:
         if env["op"] == "record":
             for rec in body.get("transfers", []):
                 writer.transfer(rec)
+                self.view.transfer(rec)
             for rec in body.get("devices", []):
                 writer.device(rec)
         elif env["op"] == "report":
             if body.get("type") == "peer_silent":
                 return self._declare_lost(body, sock, writer)
             if self._on_report(body, writer):
-                return "completed", None
+                return self._final_status(body)
         return None
 
     def _declare_lost(self, body: dict[str, Any], sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None] | None:
@@ -342,13 +346,14 @@ class Conductor:
         now = time.monotonic()
         emulated = writer.rows[-1]["t_end"] if writer.rows else 0.0
         if child.role != "host":
+            self.view.note(f"{child.name} process {how}; the run cannot continue")
             writer.incident(f"{child.name} process {how}; the run cannot continue", process=child.name,
                             emulated_time_s=emulated, wall_time_s=now - self.t0, **extra)
             return "failed", f"{child.name} process {how}"
         writer.incident(f"{child.name} process {how}; its clients count as failed from now on",
                         process=child.name, pid=child.proc.pid, wall_time_s=now - self.t0,
                         after_round=writer.rows[-1]["round"] if writer.rows else None, **extra)
-        self.say(f"! {child.name} {how}: its clients are dropped")
+        self.view.note(f"{child.name} {how}: its clients are dropped")
         sock.send(envelope.pack("peer_lost", peer=child.name))
         if self.ring is not None:
             for rep in self.ring.lose(self.host_clients.get(child.name, [])):
@@ -356,8 +361,20 @@ class Conductor:
             if not self.ring.expected:
                 return "failed", "every host is gone: no ring client is left"
         elif all(c.lost for c in self.children if c.role == "host"):
-            self.say("! every host is gone; the server will finish with no clients")
+            self.view.note("every host is gone; the server will finish with no clients")
         return None
+
+    def _final_status(self, finished: dict[str, Any]) -> tuple[str, str | None]:
+        """completed, unless no round ever had a client: then no_clients, saying what excluded them."""
+        if finished.get("rounds_with_clients", 1) > 0:
+            return "completed", None
+        last = self.last_shortfall
+        if last is None:
+            return "no_clients", "no round had a client"
+        failing = ", ".join(f"{v} fail selection.{k}" for k, v in last["failing"].items()) or "none failed a threshold"
+        seen = (f"{last['checked_in']} of {last['population']} checked in" if last["checked_in"] is not None
+                else f"{last['population'] - last['lost']} of {last['population']} reachable")
+        return "no_clients", f"no round had an eligible client: {seen}; {failing} (last seen at round {last['round'] + 1})"
 
     def _on_report(self, body: dict[str, Any], writer: RunWriter) -> bool:
         kind = body.get("type")
@@ -374,10 +391,18 @@ class Conductor:
             writer.privacy_release(body)
         elif kind in ("error", "rejected"):
             writer.incident(kind, **{k: v for k, v in body.items() if k != "type"})
+            self.view.last_incident = f"{kind}: {body.get('actor') or body.get('peer')}: {str(body.get('error'))[:80]}"
+        elif kind == "no_eligible_clients":
+            self.last_shortfall = body
+            fields = {k: v for k, v in body.items() if k not in ("type", "peer")}
+            writer.incident("no_eligible_clients", **fields)
+            failing = ", ".join(f"{v} fail {k}" for k, v in body["failing"].items())
+            self.view.note(f"round {body['round'] + 1}: {body['eligible']} eligible of min {body['min_clients']} after waiting "
+                     f"{body['waited_s']:.1f} s{' (' + failing + ')' if failing else ''}: {body['action']}")
         elif kind == "refused_claim":
             writer.incident(f"refused a claim on actor names: {body.get('reason')}", peer=body.get("peer"),
                             emulated_time_s=body.get("t_net"))
-            self.say(f"! network refused a claim: {body.get('reason')}")
+            self.view.note(f"network refused a claim: {body.get('reason')}")
         elif kind == "refused_messages":
             writer.summary["refused_messages"] = {k: body.get(k) for k in ("total", "by_peer", "banned")}
         elif kind == "finished":
@@ -389,29 +414,19 @@ class Conductor:
         if self.startup_s is None:  # only if the clock_started report was missed
             self.startup_s = wall
         row = writer.round(body, wall)
-        lag = ""
         if body.get("lag"):
             clock = writer.summary["clock"]
             clock["lag"] = body["lag"]
             clock["faithful"] = body["lag"]["max_s"] <= self.sc.clock.lag_bound_s
-            lag = f"  lag p99 {1000 * body['lag']['p99_s']:.1f} ms"
         writer.write_summary("running", wall_time_s=wall)
-        acc = f"  acc {row['accuracy']:.4f}" if row.get("accuracy") is not None else ""
-        if row.get("bits_down") is not None:
-            up = f"/{row['bits_up_mean']:.1f}" if row.get("bits_up_mean") is not None else ""
-            acc = f"  bits {row['bits_down']}{up}{acc}"
-        traffic = (f"peer {fmt_bytes(row['payload_bytes_peer'])}" if self.ring is not None else
-                   f"down {fmt_bytes(row['payload_bytes_down'])} up {fmt_bytes(row['payload_bytes_up'])}")
-        self.say(
-            f"round {row['round'] + 1}/{self.sc.rounds}  t={row['t_end']:.3f}s  "
-            f"ok {row['completed']}/{row['selected']} failed {row['failed']}  {traffic}{acc}{lag}"
-        )
+        self.view.round(row, body.get("lag"))
 
 
-def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, progress: Callable[[str], None] = print) -> dict:
+def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: View | None = None) -> dict:
     t0 = time.monotonic()
     world = build_world(sc)
     run_dir = out if out is not None else new_run_dir(Path(sc.output.dir), sc.name)
-    conductor = Conductor(sc, resolved, run_dir, progress)
+    conductor = Conductor(sc, resolved, run_dir, view)
     conductor.t0 = t0
+    conductor.view.t0 = t0
     return conductor.run(world)

@@ -184,6 +184,9 @@ class Selection(Strict):
     max_cpu_load: float = Field(1.0, ge=0, le=1, description="resource_aware")
     min_up_mbps: float = Field(0.0, ge=0, description="resource_aware")
     explore: float = Field(0.1, ge=0, le=1, description="fastest: share of the selection drawn at random")
+    min_clients: int = Field(1, ge=1, description="a round needs this many eligible clients (checked in, meeting the thresholds)")
+    wait_s: float = Field(300.0, ge=0, description="with fewer, wait this long (emulated, for check-ins), then run with "
+                                                   "whoever is eligible or skip the round (no_eligible_clients incident)")
 
     @model_validator(mode="after")
     def _one_of(self):

@@ -13,7 +13,7 @@ from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule
 from . import fedalign
-from .strategy import WeightedAverage, select_clients
+from .strategy import WeightedAverage, eligible, select_clients, shortfall
 from .training import accuracy_on, evaluate
 
 
@@ -38,6 +38,8 @@ class ServerConfig:
     round_policy: str = "all"  # all: wait for every selected client (or the deadline); first_k: close at K updates
     checkin: bool = False  # True: only clients that checked in are eligible, with their reported status
     checkin_wait_s: float = 0.0  # how long to collect check-ins before a round when too few are eligible
+    min_clients: int = 1  # a round needs this many eligible clients...
+    wait_s: float = 300.0  # ...and waits this long (emulated, for check-ins) before it runs with fewer or is skipped
     fedalign: fedalign.FedAlignConfig | None = None  # a statistics phase (client moments in, global moments out) before training
     server_lr: float = 1.0  # step along the averaged update (Eq. 3.7); 1 is plain FedAvg
     eval_shards: list[np.ndarray] | None = None  # evaluate on each client's test split and average
@@ -82,6 +84,8 @@ class ServerActor:
         # who may be selected, with their last reported status; without check-in, everyone
         self.pool: dict[str, dict[str, Any]] = {} if cfg.checkin else {c: {} for c in self.clients}
         self.last_round_end = 0.0
+        self.short_since: float | None = None  # when the current round began waiting for eligible clients
+        self.rounds_with_clients = 0
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
 
     # ---- reactions --------------------------------------------------------------------------
@@ -111,8 +115,21 @@ class ServerActor:
     def _begin(self, index: int, t: float) -> Reaction:
         rng = np.random.default_rng([self.cfg.seed, index])
         pool = {c: st for c, st in self.pool.items() if c not in self.down}
-        if self.cfg.checkin and not pool:  # nobody to ask: wait for check-ins
-            return self._wait_then_begin(index, t)
+        fit = eligible(self.cfg.selection, pool, **self.cfg.selection_params)
+        notice = None
+        if len(fit) < self.cfg.min_clients:
+            since = self.short_since = t if self.short_since is None else self.short_since
+            if self.cfg.checkin and t < since + self.cfg.wait_s:  # check-ins may still bring enough
+                step = self.cfg.checkin_wait_s or self.cfg.wait_s
+                return Reaction(timers=[(min(t + step, since + self.cfg.wait_s), f"begin:{index}")])
+            notice = self._no_eligible_clients(index, since, t, pool, fit)
+            if not fit:
+                self.short_since = None
+                self.round = RoundState(index, since, [], set())
+                reaction = self._close(t)
+                reaction.reports.insert(0, notice)
+                return reaction
+        self.short_since = None
         asked = min(len(pool), int(np.ceil(self.cfg.clients_per_round * self.cfg.over_selection)))
         selected = select_clients(self.cfg.selection, pool, asked, rng, epochs=self.cfg.epochs,
                                   down_bytes=self.model_bytes, up_bytes=self.model_bytes, **self.cfg.selection_params)
@@ -126,6 +143,7 @@ class ServerActor:
             self.round.stats_waiting = set(selected)
         if not selected:
             return self._close(t)
+        self.rounds_with_clients += 1
         codec = self.cfg.down_codec
         bits = getattr(codec, "bits", None)
         if self.cfg.schedule.adaptive:
@@ -137,7 +155,17 @@ class ServerActor:
         body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr,
                 "bits": bits, "n_max": n_max}
         timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
-        return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], timers=timers)
+        return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)],
+                        timers=timers, reports=[notice] if notice else [])
+
+    def _no_eligible_clients(self, index: int, since: float, t: float, pool: dict, fit: list[str]) -> dict[str, Any]:
+        """What the round found: who had checked in, how many failed each threshold, what it did."""
+        failing = shortfall(pool, **self.cfg.selection_params) if self.cfg.selection == "resource_aware" else {}
+        return {"type": "no_eligible_clients", "round": index, "t": t, "waited_s": t - since,
+                "population": len(self.clients), "lost": len(self.down),
+                "checked_in": len(pool) if self.cfg.checkin else None, "eligible": len(fit),
+                "min_clients": self.cfg.min_clients, "failing": {k: v for k, v in failing.items() if v},
+                "action": "ran with fewer" if fit else "skipped"}
 
     def _on_update(self, msg: Message) -> Reaction:
         rnd = self.round
@@ -246,7 +274,8 @@ class ServerActor:
                 report = self._report(rnd, t_end)
                 last = rnd.index + 1 >= self.cfg.rounds
                 reaction = self._begin(rnd.index + 1, t_end) if not last else Reaction()
-                reaction.reports[:0] = [report] + ([{"type": "finished", "t": t_end}] if last else [])
+                finished = {"type": "finished", "t": t_end, "rounds_with_clients": self.rounds_with_clients}
+                reaction.reports[:0] = [report] + ([finished] if last else [])
                 return reaction
 
             return advance

@@ -50,6 +50,23 @@ def meets_resources(status: Mapping, min_battery: float, max_cpu_load: float, mi
     return status.get("up_mbps", float("inf")) >= min_up_mbps
 
 
+def eligible(policy: str, pool: Mapping[str, Mapping], min_battery: float = 0.0, max_cpu_load: float = 1.0,
+             min_up_mbps: float = 0.0, **_: float) -> list[str]:
+    """The clients of `pool` the policy may choose from: resource_aware's thresholds, or all."""
+    if policy != "resource_aware":
+        return sorted(pool)
+    return sorted(n for n, st in pool.items() if meets_resources(st, min_battery, max_cpu_load, min_up_mbps))
+
+
+def shortfall(pool: Mapping[str, Mapping], min_battery: float = 0.0, max_cpu_load: float = 1.0,
+              min_up_mbps: float = 0.0, **_: float) -> dict[str, int]:
+    """How many clients of `pool` fail each resource threshold (a client can fail several)."""
+    tests = {"min_battery": lambda st: meets_resources(st, min_battery, 1.0, 0.0),
+             "max_cpu_load": lambda st: meets_resources({"cpu_load": st.get("cpu_load", 0.0)}, 0.0, max_cpu_load, 0.0),
+             "min_up_mbps": lambda st: meets_resources({"up_mbps": st.get("up_mbps", float("inf"))}, 0.0, 1.0, min_up_mbps)}
+    return {name: sum(not test(st) for st in pool.values()) for name, test in tests.items()}
+
+
 def expected_seconds(status: Mapping, epochs: int, down_bytes: int, up_bytes: int) -> float:
     """A client's expected round time from its check-in: download, compute slowed by its CPU
     load, upload. The `fastest` policy ranks by it."""
@@ -71,8 +88,7 @@ def select_clients(policy: str, pool: Mapping[str, Mapping], k: int, rng: np.ran
     if policy == "random":
         return select_random(list(pool), k, rng)
     if policy == "resource_aware":
-        fit = [n for n, st in pool.items() if meets_resources(st, min_battery, max_cpu_load, min_up_mbps)]
-        return select_random(fit, k, rng)
+        return select_random(eligible(policy, pool, min_battery, max_cpu_load, min_up_mbps), k, rng)
     if policy == "fastest":
         ranked = sorted(pool, key=lambda n: (expected_seconds(pool[n], epochs, down_bytes, up_bytes), n))
         exploit = ranked[: min(k, int(np.ceil((1 - explore) * k)))]
