@@ -27,38 +27,85 @@ def main() -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: where is it stuck?
 
 
-@main.command()
-@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a scenario key (dotted path).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Run directory (default: output.dir/NAME-TIME).")
-@click.option("--quiet", is_flag=True, help="Print nothing while the run goes, only its outcome.")
-@click.option("--json-progress", is_flag=True,
-              help="Print one JSON object per line on stdout: each round as it finishes, each incident, the summary last.")
-@click.option("--plain", is_flag=True, help="One line per round even on a terminal (no live panel).")
-def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: bool, json_progress: bool, plain: bool) -> None:
-    """Run SCENARIO and write its run directory. On a terminal a live panel shows the round in
-    progress; elsewhere (logs, CI) one line per round."""
-    from .conductor import StopSignal, exit_code, raise_stop_signal, run_scenario  # heavy imports only when running
-    from .progress import make_view
+def _progress_options(command):
+    command = click.option("--plain", is_flag=True, help="One line per round even on a terminal (no live panel).")(command)
+    command = click.option("--json-progress", is_flag=True, help="Print one JSON object per line on stdout: each round "
+                           "as it finishes, each incident, the summary last.")(command)
+    return click.option("--quiet", is_flag=True, help="Print nothing while the run goes, only its outcome.")(command)
 
-    # Ctrl-C must stop a run even when started from a context that ignores SIGINT (a background
-    # job of a script), which Python would otherwise inherit and keep. SIGTERM and SIGHUP stop it
-    # the same way.
+
+def _view_mode(quiet: bool, json_progress: bool, plain: bool) -> str:
+    return "json" if json_progress else "quiet" if quiet else "plain" if plain else "auto"
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C must stop a run even when started from a context that ignores SIGINT (a background
+    job of a script), which Python would otherwise inherit and keep. SIGTERM and SIGHUP stop it
+    the same way."""
+    from .conductor import raise_stop_signal
+
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, raise_stop_signal)
 
+
+def _stopped_early(exc: KeyboardInterrupt) -> None:
+    from .conductor import StopSignal
+
+    signum = exc.signum if isinstance(exc, StopSignal) else signal.SIGINT
+    click.echo(f"stopped by {signal.Signals(signum).name} before the run started; nothing was written", err=True)
+    sys.exit(128 + signum)
+
+
+@main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a scenario key (dotted path).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Run directory (default: output.dir/NAME-TIME).")
+@_progress_options
+def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: bool, json_progress: bool, plain: bool) -> None:
+    """Run SCENARIO and write its run directory. On a terminal a live panel shows the round in
+    progress; elsewhere (logs, CI) one line per round."""
+    from .conductor import run_scenario  # heavy imports only when running
+    from .progress import make_view
+
+    _stop_on_signals()
     try:
         sc, resolved = load_scenario(scenario, list(overrides))
-        mode = "json" if json_progress else "quiet" if quiet else "plain" if plain else "auto"
-        view = make_view(mode, sc.rounds, sc.topology == "ring", sc.clock.mode == "realtime")
+        view = make_view(_view_mode(quiet, json_progress, plain), sc.rounds, sc.topology == "ring", sc.clock.mode == "realtime")
         summary = run_scenario(sc, resolved, out, view)
     except ScenarioError as exc:
         _fail(scenario, exc)
     except KeyboardInterrupt as exc:  # before the run directory existed
-        signum = exc.signum if isinstance(exc, StopSignal) else signal.SIGINT
-        click.echo(f"stopped by {signal.Signals(signum).name} before the run started; nothing was written", err=True)
-        sys.exit(128 + signum)
+        _stopped_early(exc)
+    _finish(summary, json_progress)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@_progress_options
+def resume(run_dir: Path, quiet: bool, json_progress: bool, plain: bool) -> None:
+    """Continue the interrupted or crashed run in RUN_DIR from its last checkpoint (scenarios with
+    run.checkpoint_every). The rounds after the checkpoint are run again; the CSV files are cut
+    back to the checkpoint first, so they end up as an uninterrupted run would have written them."""
+    from .conductor import ResumeError, resume_run
+    from .progress import make_view
+
+    _stop_on_signals()
+    mode = _view_mode(quiet, json_progress, plain)
+    try:
+        summary = resume_run(run_dir, lambda sc: make_view(mode, sc.rounds, sc.topology == "ring", False))
+    except ResumeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt as exc:
+        _stopped_early(exc)
+    _finish(summary, json_progress)
+
+
+def _finish(summary: dict, json_progress: bool) -> None:
+    """The outcome in words (and as JSON with --json-progress), the plots, the exit code."""
+    from .conductor import exit_code
+
     traffic = (f"payload peer-to-peer {summary['payload_gib_peer']:.4f} GiB" if summary.get("topology") == "ring" else
                f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB")
     if json_progress:  # stdout stays one JSON object per line; the words go to stderr
@@ -80,6 +127,9 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: boo
     if summary["status"] in ("interrupted", "terminated"):  # the user wants out now; plots can wait
         click.echo(f"{summary['status']}: {summary.get('reason')}; plots not written "
                    f"(python -m emulator report {run_dir} writes them)", err=True)
+        if (run_dir / "checkpoint").exists():
+            click.echo(f"python -m emulator resume {run_dir} continues it from round {summary.get('checkpoint', {}).get('rounds')}",
+                       err=True)
     else:
         _write_plots(run_dir, err=json_progress)
     sys.exit(exit_code(summary))

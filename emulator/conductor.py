@@ -2,6 +2,7 @@
 supervise them, write the run directory as results arrive, and always clean up."""
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import pickle
@@ -136,7 +137,7 @@ class Conductor:
         self.last_shortfall: dict[str, Any] | None = None
 
     # ---- processes -----------------------------------------------------------------------------
-    def _spawn(self, world: World, endpoint: str) -> None:
+    def _spawn(self, world: World, endpoint: str, restore: Path | None = None) -> None:
         ctx = mp.get_context("fork")  # node processes inherit the imported modules and the loaded data
         me = os.getpid()
         links = {c.profile.name: c.link for c in world.clients}
@@ -154,10 +155,19 @@ class Conductor:
                                 seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of,
                                 tcp=world.tcp, group_queue_s=world.group_queue_s,
                                 starters=names if serverless else [SERVER], watchers=names if serverless else [SERVER],
-                                peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world))
+                                peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world),
+                                checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,
+                                restore=str(restore / "network.pkl") if restore else None)
+        holders = json.loads((restore / "meta.json").read_text())["actors"] if restore else {}
+
+        def saved(actors: list[str]) -> list[str] | None:
+            """The checkpoint files that hold these actors' state."""
+            if not restore:
+                return None
+            return [str(restore / f"{peer}.pkl") for peer, held in sorted(holders.items()) if set(held) & set(actors)]
         specs = [("network", "network", network_main, (net_cfg,))]
         if not serverless:
-            specs.append(("server", "server", server_main, (endpoint, world.server, names, world.task, 1, me)))
+            specs.append(("server", "server", server_main, (endpoint, world.server, names, world.task, 1, me, saved([SERVER]))))
         client_cfg = world.ring if serverless else world.client
         if serverless:
             self.ring = RingRounds(names)
@@ -165,7 +175,8 @@ class Conductor:
             profiles = [c.profile for c in world.clients if c.host == h]
             self.host_clients[name] = [p.name for p in profiles]
             specs.append((name, "host", host_main,
-                          (name, endpoint, profiles, world.task, client_cfg, world.threads_per_host, me)))
+                          (name, endpoint, profiles, world.task, client_cfg, world.threads_per_host, me,
+                           saved([p.name for p in profiles]))))
         for name, role, target, args in specs:
             if role == "network":
                 proc = FreshProcess("emulator.network", "network_main", args)
@@ -201,8 +212,18 @@ class Conductor:
         self.peak_pss = max(self.peak_pss, pss)
 
     # ---- the run -------------------------------------------------------------------------------
-    def run(self, world: World) -> dict:
-        writer = RunWriter(self.run_dir, self.resolved, population_rows(world))
+    def run(self, world: World, resume: Path | None = None) -> dict:
+        """resume: a checkpoint directory of this run to continue from."""
+        saved = None
+        if resume is not None:
+            with open(resume / "conductor.pkl", "rb") as f:
+                saved = pickle.load(f)
+            self.last_shortfall = saved["last_shortfall"]
+            self.view.done = len(saved["writer"]["rows"])
+        writer = RunWriter(self.run_dir, self.resolved, population_rows(world), saved["writer"] if saved else None)
+        if saved:
+            writer.summary.setdefault("resumed", []).append({"from_round": len(writer.rows),
+                                                             "emulated_time_s": writer.summary["checkpoint"]["emulated_time_s"]})
         p = world.client.privacy
         writer.summary["privacy"] = {"mechanism": p.mechanism, "epsilon": None if p.epsilon == float("inf") else p.epsilon,
                                      "delta": p.delta, "clip": p.clip, "noise_factor_c_T": p.factor}
@@ -223,7 +244,7 @@ class Conductor:
         interrupted = False
         ctx = sock = None
         try:
-            self._spawn(world, endpoint)
+            self._spawn(world, endpoint, resume)
             ctx = zmq.Context()
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, CONDUCTOR.encode())
@@ -258,6 +279,9 @@ class Conductor:
             if ctx is not None:
                 ctx.destroy(linger=0)
             shutil.rmtree(ipc_dir, ignore_errors=True)
+            if status == "completed":  # nothing left to resume: the checkpoint's pickles would only take space
+                shutil.rmtree(self.run_dir / "checkpoint", ignore_errors=True)
+                writer.summary.get("checkpoint", {}).pop("dir", None)
             summary = writer.write_summary(
                 status, reason=reason, wall_time_s=time.monotonic() - self.t0, startup_s=self.startup_s,
                 peak_rss_mib=self.peak_rss / 2**20, peak_pss_mib=self.peak_pss / 2**20,
@@ -399,6 +423,12 @@ class Conductor:
             failing = ", ".join(f"{v} fail {k}" for k, v in body["failing"].items())
             self.view.note(f"round {body['round'] + 1}: {body['eligible']} eligible of min {body['min_clients']} after waiting "
                      f"{body['waited_s']:.1f} s{' (' + failing + ')' if failing else ''}: {body['action']}")
+        elif kind == "checkpoint":
+            self._commit_checkpoint(body, writer)
+        elif kind == "checkpoint_skipped":
+            info = writer.summary.setdefault("checkpoint", {})
+            info["skipped"] = info.get("skipped", 0) + 1
+            info["last_skip"] = {"after_round": body["round"] + 1, "why": body["why"]}
         elif kind == "refused_claim":
             writer.incident(f"refused a claim on actor names: {body.get('reason')}", peer=body.get("peer"),
                             emulated_time_s=body.get("t_net"))
@@ -408,6 +438,32 @@ class Conductor:
         elif kind == "finished":
             return True
         return False
+
+    def _commit_checkpoint(self, body: dict[str, Any], writer: RunWriter) -> None:
+        """The network and every peer have written their parts to the staging directory, and every
+        record and report from before the checkpoint has reached us (they travel in order): add
+        ours, then replace the previous checkpoint in one rename."""
+        staging = Path(body["dir"])
+        final = self.run_dir / "checkpoint"
+        rounds = len(writer.rows)
+        if rounds != body["round"] + 1:  # cannot happen if reports travel in order; never write an inconsistent one
+            writer.incident("checkpoint not written: the round rows do not match it", rows=rounds, round=body["round"])
+            shutil.rmtree(staging, ignore_errors=True)
+            return
+        info = writer.summary.setdefault("checkpoint", {})
+        info.update(rounds=rounds, emulated_time_s=body["t"], dir=str(final))
+        state = {"writer": writer.checkpoint_state(), "last_shortfall": self.last_shortfall}
+        with open(staging / "conductor.pkl", "wb") as f:
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+        holders = {SERVER: [SERVER], **self.host_clients}
+        holders = {peer: actors for peer, actors in holders.items() if (staging / f"{peer}.pkl").exists()}
+        (staging / "meta.json").write_text(json.dumps({"rounds": rounds, "emulated_time_s": body["t"], "actors": holders}))
+        old = self.run_dir / "checkpoint.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
 
     def _round_row(self, body: dict[str, Any], writer: RunWriter) -> None:
         wall = time.monotonic() - self.t0
@@ -420,6 +476,45 @@ class Conductor:
             clock["faithful"] = body["lag"]["max_s"] <= self.sc.clock.lag_bound_s
         writer.write_summary("running", wall_time_s=wall)
         self.view.round(row, body.get("lag"))
+
+
+class ResumeError(ValueError):
+    """A run directory that cannot be resumed; the message says why."""
+
+
+def resume_run(run_dir: Path, view_for: Any = None) -> dict:
+    """Continue RUN_DIR from its checkpoint: the world is rebuilt from its scenario.yaml (data,
+    models, configuration), then every process takes back its state from the checkpoint."""
+    from .scenario import ScenarioError, load_scenario  # noqa: PLC0415
+
+    checkpoint = run_dir / "checkpoint"
+    if not (run_dir / "scenario.yaml").exists():
+        raise ResumeError(f"{run_dir}: not a run directory (no scenario.yaml)")
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    if summary.get("status") == "completed":
+        raise ResumeError(f"{run_dir}: the run completed; there is nothing to resume")
+    if not (checkpoint / "meta.json").exists():
+        raise ResumeError(f"{run_dir}: no checkpoint to resume from (set run.checkpoint_every; a checkpoint is taken "
+                          "at the end of a round in which no client is still working)")
+    try:
+        sc, resolved = load_scenario(run_dir / "scenario.yaml", [])
+    except ScenarioError as exc:
+        raise ResumeError(str(exc)) from None
+    t0 = time.monotonic()
+    world = build_world(sc)
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    held = {actor for actors in meta.get("actors", {}).values() for actor in actors}
+    missing = [name for name in [SERVER, *(c.profile.name for c in world.clients)] if name not in held]
+    files = [checkpoint / f for f in ("network.pkl", "conductor.pkl", *(f"{peer}.pkl" for peer in meta.get("actors", {})))]
+    absent = [f.name for f in files if not f.exists()]
+    if missing or absent:
+        raise ResumeError(f"{checkpoint}: incomplete checkpoint ("
+                          + (f"no state for {missing[:5]}" if missing else f"missing {absent}") + ")")
+    view = view_for(sc) if view_for else None
+    conductor = Conductor(sc, resolved, run_dir, view)
+    conductor.t0 = t0
+    conductor.view.t0 = t0
+    return conductor.run(world, resume=checkpoint)
 
 
 def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: View | None = None) -> dict:

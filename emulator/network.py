@@ -11,6 +11,8 @@ import heapq
 import itertools
 import math
 import os
+import pickle
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,8 +35,8 @@ SERVER = "server"
 POLL_MS = 200
 
 # event classes, in the order they run at equal times: finish transfers, change devices and links,
-# deliver, start transfers, fire timers
-FLOW_DONE, DEVICE, DELIVER, FLOW_START, TIMER = range(5)
+# deliver, start transfers, take a checkpoint, fire timers
+FLOW_DONE, DEVICE, DELIVER, FLOW_START, CHECKPOINT, TIMER = range(6)
 MB = 1e6
 
 
@@ -87,6 +89,8 @@ class NetworkConfig:
     watchers: list[str] = field(default_factory=lambda: [SERVER])  # who learns of a lost host ("peer_down")
     peer_timeout_s: float | None = 30.0  # a peer silent this long (wall) is reported to the conductor as lost
     max_message_bytes: int = -1  # larger frames make ZeroMQ drop the sender's connection (-1: no limit)
+    checkpoint_dir: str | None = None  # where checkpoints go (written to CHECKPOINT_DIR.new first)
+    restore: str | None = None  # a checkpoint's network state to continue from
 
 
 class LagMeter:
@@ -167,6 +171,12 @@ class Network:
         self.last_delivery: dict[str, float] = {}
         self.links_down: dict[str, int] = {}  # actor -> active link_down faults
         self.availability = {a: d.availability.transitions() for a, d in cfg.devices.items()}
+        self.availability_used = {a: 0 for a in cfg.devices}  # transitions drawn so far (a checkpoint's cursor)
+        self.snapshot_waiting: set[str] = set()  # peers still writing their part of a checkpoint
+        self.snapshot_failed: list[str] = []
+        self.snapshot_round = -1
+        self.halt_pending = False  # the server said when the run ends...
+        self.halted = False  # ...and the clock got there: no event after it runs
 
     def _capacities(self) -> dict[tuple[str, str], float]:
         caps = {}
@@ -235,6 +245,10 @@ class Network:
             if not self.started and set(self.cfg.peers) <= self.guard.greeted:
                 self.started = True
                 self.wall_start = time.monotonic()
+                if self.cfg.restore:
+                    self._restore(self.cfg.restore)
+                    self.to_conductor("report", {"type": "clock_started", "t_net": self.now, "resumed": True})
+                    return
                 self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})
                 self._start_devices()
                 for actor in self.cfg.starters:
@@ -250,6 +264,25 @@ class Network:
         elif op == "report":
             extra = {"lag": self.lag.stats()} if self.cfg.realtime_speedup else {}
             self.to_conductor("report", {**env["body"], "t_net": self.now, **extra})
+        elif op == "checkpoint":
+            if self._owns(peer, env["actor"]):
+                at = max(float(env["at"]), self.now)
+                self.push(at, CHECKPOINT, env["actor"], next(self.net_counter), 0, ("checkpoint", env["round"]))
+        elif op == "halt":
+            if env["actor"] == SERVER and self._owns(peer, SERVER):
+                self.halt_pending = True
+                self.push(max(float(env["at"]), self.now), CHECKPOINT, SERVER, next(self.net_counter), 1, ("halt",))
+            else:
+                self._refuse(peer, "only the server ends a run")
+        elif op == "snapshot_done":
+            if peer in self.snapshot_waiting:
+                self.snapshot_waiting.discard(peer)
+                if not env["ok"]:
+                    self.snapshot_failed.append(env["why"])
+                if not self.snapshot_waiting:
+                    self._finish_snapshot()
+            else:
+                self._refuse(peer, f"{peer} answered a snapshot it was not asked for")
         elif op == "peer_lost" and peer == CONDUCTOR:
             self._on_peer_lost(env["peer"])
         elif op == "stop" and peer == CONDUCTOR:
@@ -289,7 +322,7 @@ class Network:
             unicast = envelope.pack("send", src=src, dst=dst, kind=env["kind"], round=env["round"], t=t, n=env["n"],
                                     body=env["body"], payload=env["payload"], fp32=env["fp32"])
             wire = len(unicast) + payload_frame_bytes
-            tr = Transfer(next(self.transfer_ids), src, dst, env["kind"], env["round"], t, env["payload"], env["fp32"],
+            tr = Transfer(-1, src, dst, env["kind"], env["round"], t, env["payload"], env["fp32"],
                           wire, self.cfg.framing.link_bytes(wire), deliver_env, payload, (src, env["n"], i))
             self.push(t, FLOW_START, src, env["n"], i, ("flow_start", tr))
 
@@ -309,6 +342,11 @@ class Network:
             self._drain_compute(hold[0], hold[1], until, busy)
 
     def _on_peer_lost(self, peer: str) -> None:
+        if peer in self.snapshot_waiting:
+            self.snapshot_waiting.discard(peer)
+            self.snapshot_failed.append(f"{peer} was lost")
+            if not self.snapshot_waiting:
+                self._finish_snapshot()
         lost = [a for a in self.peer_actors.get(peer, []) if a not in self.dead]
         self.dead.update(lost)
         for hid in [h for h, (actor, _) in self.holds.items() if actor in lost]:
@@ -336,7 +374,8 @@ class Network:
     def step(self, sock: zmq.Socket) -> bool:
         """Process at most one event; False when the lower bound forbids it, the queue is empty, or
         (realtime) the event is not yet due."""
-        if not self.queue or self.queue[0][0] >= self.lower_bound() or self.due_in() > 0:
+        if (self.halted or self.snapshot_waiting or not self.queue or self.queue[0][0] >= self.lower_bound()
+                or self.due_in() > 0):
             return False
         if self.cfg.realtime_speedup:
             self.lag.add(-self.due_in())
@@ -356,7 +395,75 @@ class Network:
             self._device_change(*event[1:])
         elif kind == "link":
             self._link_change(*event[1:])
+        elif kind == "checkpoint":
+            self._begin_snapshot(sock, event[1])
+        elif kind == "halt":
+            self.halted = True
         return True
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _begin_snapshot(self, sock: zmq.Socket, round_: int) -> None:
+        """A checkpoint of the run at this instant: every event before it is done, and (the lower
+        bound says so) no actor can still send anything earlier. It is taken only when nothing is
+        under way: no transfer in flight and no actor working, so that every process's state is data.
+        Events already queued for later (timers, device changes, deliveries of finished transfers)
+        are part of the network's state."""
+        why = ("transfers in flight" if self.flows.flows else f"{len(self.holds)} actors working" if self.holds else
+               "no checkpoint directory" if not self.cfg.checkpoint_dir else None)
+        if why:
+            self.to_conductor("report", {"type": "checkpoint_skipped", "round": round_, "t": self.now, "why": why})
+            return
+        staging = self.cfg.checkpoint_dir + ".new"
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+        self.snapshot_round, self.snapshot_failed = round_, []
+        self.snapshot_waiting = {p for p in self.peer_actors if p != CONDUCTOR and not set(self.peer_actors[p]) <= self.dead}
+        for peer in sorted(self.snapshot_waiting):
+            sock.send_multipart([peer.encode(), envelope.pack("snapshot", round=round_, path=os.path.join(staging, f"{peer}.pkl"))])
+        if not self.snapshot_waiting:
+            self._finish_snapshot()
+
+    def _finish_snapshot(self) -> None:
+        staging = self.cfg.checkpoint_dir + ".new"
+        if not self.snapshot_failed:
+            try:
+                with open(os.path.join(staging, "network.pkl"), "wb") as f:
+                    pickle.dump(self.snapshot_state(), f, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # a full disk must not end the run
+                self.snapshot_failed.append(f"network: {type(exc).__name__}: {exc}")
+        if self.snapshot_failed:
+            shutil.rmtree(staging, ignore_errors=True)
+            self.to_conductor("report", {"type": "checkpoint_skipped", "round": self.snapshot_round, "t": self.now,
+                                         "why": "; ".join(self.snapshot_failed)})
+        else:
+            self.to_conductor("report", {"type": "checkpoint", "round": self.snapshot_round, "t": self.now, "dir": staging})
+
+    def snapshot_state(self) -> dict[str, Any]:
+        return {
+            "now": self.now, "queue": [(*e[:5], _portable_event(e[5])) for e in self.queue],
+            "hold_ids": _peek(self, "hold_ids"), "transfer_ids": _peek(self, "transfer_ids"),
+            "net_counter": _peek(self, "net_counter"), "dead": self.dead, "flows": self.flows, "online": self.online,
+            "battery_dead": self.battery_dead, "offline_since": self.offline_since, "last_delivery": self.last_delivery,
+            "links_down": self.links_down, "availability_used": self.availability_used,
+            "batteries": {a: spec.battery for a, spec in self.devices.items()},
+        }
+
+    def _restore(self, path: str) -> None:
+        with open(path, "rb") as f:
+            state = pickle.load(f)
+        self.now = state["now"]
+        self.queue = state["queue"]
+        heapq.heapify(self.queue)
+        for name in ("hold_ids", "transfer_ids", "net_counter"):
+            setattr(self, name, itertools.count(state[name]))
+        for name in ("dead", "flows", "online", "battery_dead", "offline_since", "last_delivery", "links_down"):
+            setattr(self, name, state[name])
+        for actor, used in state["availability_used"].items():
+            for _ in range(used):  # the same seeded draws as before, skipped
+                next(self.availability[actor], None)
+            self.availability_used[actor] = used
+        for actor, battery in state["batteries"].items():
+            self.devices[actor].battery = battery
 
     def _path(self, tr: Transfer) -> tuple:
         ups = [("group", f"{g}:up") for g in self.cfg.group_of.get(tr.src, [])]
@@ -418,6 +525,9 @@ class Network:
         self._sync_flow_head()
 
     def _start_flow(self, tr: Transfer) -> None:
+        # numbered in event order, not in the order messages reached this process, which differs
+        # between runs when several processes send at once
+        tr.tid = next(self.transfer_ids)
         if tr.src in self.dead or tr.dst in self.dead:
             self.to_conductor("record", {"transfers": [tr.record(self.now, "dst_lost" if tr.dst in self.dead else "src_lost")]})
             return
@@ -506,6 +616,7 @@ class Network:
 
     def _schedule_next_transition(self, actor: str) -> None:
         nxt = next(self.availability[actor], None)
+        self.availability_used[actor] += 1
         if nxt is not None:
             self.push(nxt, DEVICE, actor, next(self.net_counter), 0, ("device", actor, "toggle"))
 
@@ -623,6 +734,9 @@ class Network:
                     if not self.step(sock):
                         break
                 self._flush(sock)
+            if self.halt_pending:  # everything up to the end of the run is recorded, however soon the stop came
+                while self.step(sock):
+                    pass
             if self.guard.changed:
                 self.to_conductor("report", {"type": "refused_messages", **self.guard.counts(), "t_net": self.now})
             self._flush(sock)
@@ -662,6 +776,25 @@ class Network:
             except zmq.ZMQError:
                 pass
         self._outbox.clear()
+
+
+def _peek(owner: Any, name: str) -> int:
+    """The next value of a counter attribute, leaving the counter where it was."""
+    value = next(getattr(owner, name))
+    setattr(owner, name, itertools.count(value))
+    return value
+
+
+def _portable_event(event: tuple) -> tuple:
+    """A queued event with its message frames as bytes (ZeroMQ buffers do not pickle)."""
+    as_bytes = lambda frames: [bytes(memoryview(f)) for f in frames]  # noqa: E731
+    if event[0] == "flow_start":
+        tr = event[1]
+        return ("flow_start", Transfer(**{**tr.__dict__, "frames": as_bytes(tr.frames)}))
+    if event[0] == "deliver":
+        env, frames = event[1]
+        return ("deliver", (env, as_bytes(frames)))
+    return event
 
 
 def network_main(cfg: NetworkConfig) -> None:

@@ -38,28 +38,34 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+CSV_FILES = {"transfers": TRANSFER_FIELDS, "rounds": ROUND_FIELDS, "clients": CLIENT_FIELDS, "devices": DEVICE_FIELDS}
+# what a checkpoint keeps of the writer besides the lengths of its CSV files
+WRITER_STATE = ("device_events", "outcomes", "unassigned", "rows", "incidents", "summary", "releases")
+
+
 class RunWriter:
-    def __init__(self, run_dir: Path, scenario: dict, population_rows: list[dict]):
+    def __init__(self, run_dir: Path, scenario: dict, population_rows: list[dict], resume: dict | None = None):
+        """resume: a checkpoint's writer state; the CSV files are cut back to their lengths then."""
         self.dir = run_dir
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "scenario.yaml").write_text(yaml.safe_dump(scenario, sort_keys=False))
-        with open(self.dir / "population.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(population_rows[0]))
-            w.writeheader()
-            w.writerows(population_rows)
-        self._transfers_file = open(self.dir / "transfers.csv", "w", newline="")
-        self._transfers = csv.DictWriter(self._transfers_file, fieldnames=TRANSFER_FIELDS)
-        self._transfers.writeheader()
-        self._rounds_file = open(self.dir / "rounds.csv", "w", newline="")
-        self._rounds = csv.DictWriter(self._rounds_file, fieldnames=ROUND_FIELDS)
-        self._rounds.writeheader()
-        self._rounds_file.flush()
-        self._clients_file = open(self.dir / "clients.csv", "w", newline="")
-        self._clients = csv.DictWriter(self._clients_file, fieldnames=CLIENT_FIELDS)
-        self._clients.writeheader()
-        self._devices_file = open(self.dir / "devices.csv", "w", newline="")
-        self._devices = csv.DictWriter(self._devices_file, fieldnames=DEVICE_FIELDS)
-        self._devices.writeheader()
+        if resume is None:
+            (self.dir / "scenario.yaml").write_text(yaml.safe_dump(scenario, sort_keys=False))
+            with open(self.dir / "population.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(population_rows[0]))
+                w.writeheader()
+                w.writerows(population_rows)
+        for name, fields in CSV_FILES.items():
+            path = self.dir / f"{name}.csv"
+            if resume is not None:
+                with open(path, "r+b") as f:
+                    f.truncate(resume["csv_bytes"][name])
+            handle = open(path, "a" if resume is not None else "w", newline="")
+            writer = csv.DictWriter(handle, fieldnames=fields)
+            if resume is None:
+                writer.writeheader()
+                handle.flush()
+            setattr(self, f"_{name}_file", handle)
+            setattr(self, f"_{name}", writer)
         self.device_events: dict[str, list[dict]] = defaultdict(list)
         self.outcomes: dict[str, int] = defaultdict(int)
         self.unassigned: list[dict] = []  # transfer records not yet counted in a round
@@ -69,6 +75,18 @@ class RunWriter:
         self.target = (scenario.get("eval") or {}).get("target_accuracy")
         self.releases: dict[str, list[Release]] = defaultdict(list)  # every noised message each client sent
         self.accounting_delta = ((scenario.get("algorithm") or {}).get("privacy") or {}).get("accounting_delta", 1e-5)
+        if resume is not None:
+            for name in WRITER_STATE:
+                setattr(self, name, resume[name])
+
+    def checkpoint_state(self) -> dict:
+        """Everything needed to go on writing this run as if it had never stopped."""
+        sizes = {}
+        for name in CSV_FILES:
+            handle = getattr(self, f"_{name}_file")
+            handle.flush()
+            sizes[name] = os.fstat(handle.fileno()).st_size
+        return {"csv_bytes": sizes, **{name: getattr(self, name) for name in WRITER_STATE}}
 
     def privacy_release(self, rep: dict) -> None:
         self.releases[rep["actor"]].append(Release(rep["what"], rep["mechanism"], rep["epsilon"], rep["delta"], rep["rho"]))

@@ -421,6 +421,9 @@ class Run(Strict):
     peer_timeout_s: Optional[float] = Field(
         30.0, gt=0, description="a host or server silent this long (wall s; no heartbeat) is declared lost, killed, and "
                                 "handled like a killed host; doubled past a job's running time; null: never")
+    checkpoint_every: Optional[int] = Field(
+        None, ge=1, description="write RUN_DIR/checkpoint after every this many rounds (at the round's end, when no "
+                                "client is still working); `python -m emulator resume RUN_DIR` continues from it")
 
 
 class Scenario(Strict):
@@ -470,6 +473,9 @@ class Scenario(Strict):
                 raise ValueError("algorithm.privacy and algorithm.quantization.schedule apply to star algorithms only")
         elif self.algorithm.name in ring_algorithms:
             raise ValueError(f"algorithm.name {self.algorithm.name} runs on topology: ring")
+        if self.run.checkpoint_every is not None and (self.topology == "ring" or self.clock.mode == "realtime"):
+            raise ValueError("run.checkpoint_every: checkpoints are for the star topology in virtual time "
+                             f"(this scenario has topology {self.topology}, clock.mode {self.clock.mode})")
         if self.algorithm.name == "fedalign" and self.algorithm.privacy.mechanism != "none":
             raise ValueError("algorithm.privacy is the core paper's local DP; FedAlign has its own (algorithm.fedalign.clip, epsilon)")
         if self.algorithm.name == "fibfl" and self.task.model != "firma_mlp":

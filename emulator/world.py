@@ -174,7 +174,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         samples={c.profile.name: int(c.profile.indices.size) for c in clients},
         selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
-        min_clients=sc.selection.min_clients, wait_s=sc.selection.wait_s,
+        min_clients=sc.selection.min_clients, wait_s=sc.selection.wait_s, checkpoint_every=sc.run.checkpoint_every,
         selection_params=_selection_params(sc), fedalign=fedalign_cfg, server_lr=alg.fedalign.server_lr,
         eval_shards=test_shards if sc.eval.split == "clients" else None,
         down_layers=alg.codec.down.build_layers(tensor_names),

@@ -45,6 +45,36 @@ class Reaction:
     # Runs on the worker thread. It returns the outcome, or a continuation that the runtime calls on its
     # own thread (for outcomes that change actor state, like starting the next round).
     work: Callable[[], "Reaction | Callable[[], Reaction]"] | None = None
+    checkpoint: int | None = None  # ask for a checkpoint of the whole run at this instant, after this round
+    halt: bool = False  # the run is over at this instant: nothing after it happens
+
+
+def portable(value: Any) -> Any:
+    """`value` with message frames (ZeroMQ buffers) copied to bytes, so that it can be pickled."""
+    if isinstance(value, Message):
+        return Message(value.src, value.dst, value.kind, value.round, value.t, value.body,
+                       [bytes(memoryview(f.buffer if hasattr(f, "buffer") else f)) for f in value.frames], value.device)
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(portable(v) for v in value)
+    if isinstance(value, list):
+        return [portable(v) for v in value]
+    return value
+
+
+class Checkpointable:
+    """An actor whose mutable state is the attributes named in STATE; everything else it rebuilds
+    from the scenario (data, models, configuration)."""
+
+    STATE: tuple[str, ...] = ()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {name: portable(getattr(self, name)) for name in self.STATE}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for name in self.STATE:
+            setattr(self, name, state[name])
 
 
 class Actor(Protocol):

@@ -14,7 +14,7 @@ import torch
 
 from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
 from . import accounting, fedalign
-from .actor import Message, Reaction, Send
+from .actor import Checkpointable, Message, Reaction, Send
 from .compute import LoadModel, full_speed_seconds, loaded_duration
 from .data import Dataset, with_input_noise
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
@@ -101,7 +101,9 @@ class Trainer:
         return state_to_numpy(self.model), result
 
 
-class ClientActor:
+class ClientActor(Checkpointable):
+    STATE = ("rejected", "generation", "pending", "feedback")
+
     def __init__(self, profile: ClientProfile, trainer: Trainer, cfg: ClientConfig):
         self.name = profile.name
         self.profile = profile

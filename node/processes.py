@@ -12,7 +12,7 @@ from .server import ServerActor, ServerConfig
 
 
 def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig | RingConfig,
-              threads: int, parent_pid: int) -> None:
+              threads: int, parent_pid: int, restore: list[str] | None = None) -> None:
     """A host of client actors: star clients sharing one model, or ring clients with their own."""
     detach_from_terminal_signals(parent_pid, peer)
     torch.set_num_threads(threads)
@@ -22,11 +22,11 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
     else:
         trainer = Trainer(task)
         actors = [ClientActor(profile, trainer, cfg) for profile in clients]
-    Runtime(peer, endpoint, actors, parent_pid).run()
+    Runtime(peer, endpoint, actors, parent_pid, restore).run()
 
 
 def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task: TaskSpec, threads: int,
-                parent_pid: int) -> None:
+                parent_pid: int, restore: list[str] | None = None) -> None:
     detach_from_terminal_signals(parent_pid, "server")
     torch.set_num_threads(threads)
-    Runtime("server", endpoint, [ServerActor(cfg, client_names, task)], parent_pid).run()
+    Runtime("server", endpoint, [ServerActor(cfg, client_names, task)], parent_pid, restore).run()

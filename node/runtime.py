@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import pickle
 import queue
 import sys
 import threading
@@ -37,13 +38,23 @@ class _Job:
     work: Callable[[], Reaction | Callable[[], Reaction]] = field(compare=False)
 
 
+def _peek(counters: dict[str, itertools.count], name: str) -> int:
+    """The next value of a counter, leaving it in place."""
+    value = next(counters[name])
+    counters[name] = itertools.count(value)
+    return value
+
+
 class Runtime:
-    def __init__(self, peer: str, endpoint: str, actors: list[Actor], parent_pid: int | None = None):
+    def __init__(self, peer: str, endpoint: str, actors: list[Actor], parent_pid: int | None = None,
+                 restore: list[str] | None = None):
         self.peer = peer
         self.endpoint = endpoint
         self.actors = {a.name: a for a in actors}
         self.parent_pid = parent_pid
         self.counters = {name: itertools.count() for name in self.actors}
+        if restore is not None:
+            self._restore(restore)
         self._jobs: list[_Job] = []
         self._jobs_cv = threading.Condition()
         self._job_seq = itertools.count()
@@ -78,14 +89,14 @@ class Runtime:
                 if self._stopping:
                     return
                 job = heapq.heappop(self._jobs)
-            self._job_started = time.monotonic()
+                self._job_started = time.monotonic()
             try:
                 outcome = job.work()
             except Exception:
                 traceback.print_exc()
                 outcome = Reaction(reports=[{"type": "error", "actor": job.actor, "error": traceback.format_exc(limit=3)}])
-            self._job_started = None
             self._finished.put((job, outcome))
+            self._job_started = None
             wake()
 
     def _reporter(self, wake: Callable[[], None]) -> None:
@@ -93,6 +104,9 @@ class Runtime:
             item = self._reports.get()
             if item is None:
                 return
+            if isinstance(item, threading.Event):  # a flush: everything queued before it has been handed on
+                item.set()
+                continue
             try:
                 body = item() if callable(item) else item
             except Exception:
@@ -110,6 +124,10 @@ class Runtime:
             sock.send_multipart([env, *send.frames], copy=False)
         for at, tag in reaction.timers:
             sock.send(envelope.pack("timer", actor=actor, at=at, tag=tag))
+        if reaction.checkpoint is not None:
+            sock.send(envelope.pack("checkpoint", actor=actor, at=t, round=reaction.checkpoint))
+        if reaction.halt:
+            sock.send(envelope.pack("halt", actor=actor, at=t))
         for report in reaction.reports:
             self._reports.put(report)
 
@@ -174,24 +192,20 @@ class Runtime:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake_sock, zmq.POLLIN)
-        last_beat = time.monotonic()
+        self._last_beat = time.monotonic()
         try:
             while True:
                 events = dict(poller.poll(POLL_MS))
                 if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     return  # the conductor is gone: never outlive it
-                now = time.monotonic()
-                if now - last_beat >= HEARTBEAT_S:
-                    # from this I/O thread, so a peer that trains for minutes still answers
-                    started = self._job_started
-                    sock.send(envelope.pack("alive", busy_s=0.0 if started is None else max(0.0, now - started)))
-                    last_beat = now
+                self._heartbeat(sock)
                 if wake_sock in events:
                     while wake_sock.poll(0):
                         wake_sock.recv()
                     self._drain(sock)
                 if sock in events:
                     while sock.poll(0):
+                        self._heartbeat(sock)  # a long backlog of deliveries must not look like silence
                         frames = sock.recv_multipart(copy=False)
                         try:
                             env = envelope.unpack(frames[0].buffer)
@@ -202,6 +216,8 @@ class Runtime:
                             return
                         if env["op"] == "deliver":
                             self._deliver(sock, env, frames[1:])
+                        elif env["op"] == "snapshot":
+                            self._snapshot(sock, env["path"])
                         else:
                             self._refuse(f"op {env['op']!r} is not one the network sends")
         finally:
@@ -210,6 +226,53 @@ class Runtime:
                 self._jobs_cv.notify_all()
             self._reports.put(None)
             ctx.destroy(linger=0)
+
+    def _heartbeat(self, sock: zmq.Socket) -> None:
+        """From this I/O thread, so a peer that trains for minutes still answers."""
+        now = time.monotonic()
+        if now - self._last_beat >= HEARTBEAT_S:
+            started = self._job_started
+            sock.send(envelope.pack("alive", busy_s=0.0 if started is None else max(0.0, now - started)))
+            self._last_beat = now
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def _snapshot(self, sock: zmq.Socket, path: str) -> None:
+        """Write this process's state for a checkpoint, after handing on every report queued so
+        far (so the conductor has them before the checkpoint). Only possible while no work is under
+        way: a job or a continuation is code, not data."""
+        with self._jobs_cv:
+            busy = bool(self._jobs) or self._job_started is not None or bool(self._resumes) or not self._finished.empty()
+        if busy:
+            sock.send(envelope.pack("snapshot_done", ok=False, why=f"{self.peer} has work under way"))
+            return
+        flushed = threading.Event()
+        self._reports.put(flushed)
+        flushed.wait()
+        self._drain(sock)
+        try:
+            state = {"peer": self.peer, "counters": {name: _peek(self.counters, name) for name in self.actors},
+                     "actors": {name: actor.snapshot() for name, actor in self.actors.items()}}
+            with open(path, "wb") as f:
+                pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # a full disk must not end the run: the checkpoint is skipped
+            sock.send(envelope.pack("snapshot_done", ok=False, why=f"{self.peer}: {type(exc).__name__}: {exc}"))
+            return
+        sock.send(envelope.pack("snapshot_done", ok=True, why=""))
+
+    def _restore(self, paths: list[str]) -> None:
+        """Take back this process's actors' state from the checkpoint files that hold them (written
+        by whichever processes had them then: the number of hosts may differ)."""
+        found = set()
+        for path in paths:
+            with open(path, "rb") as f:
+                state = pickle.load(f)
+            for name in set(self.actors) & set(state["actors"]):
+                self.actors[name].restore(state["actors"][name])
+                self.counters[name] = itertools.count(state["counters"][name])
+                found.add(name)
+        missing = sorted(set(self.actors) - found)
+        if missing:
+            raise RuntimeError(f"the checkpoint holds no state for {missing[:5]}")
 
     def _refuse(self, reason: str) -> None:
         """Count a message this process will not act on; say so at most once per LOG_EVERY_S."""

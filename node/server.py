@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from protocol.codecs import Codec, CodecError, decode_state, encode_state
-from .actor import Message, Reaction, Send
+from .actor import Checkpointable, Message, Reaction, Send
 from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule
@@ -44,6 +44,7 @@ class ServerConfig:
     server_lr: float = 1.0  # step along the averaged update (Eq. 3.7); 1 is plain FedAvg
     eval_shards: list[np.ndarray] | None = None  # evaluate on each client's test split and average
     down_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
+    checkpoint_every: int | None = None  # ask for a checkpoint after every this many rounds
 
 
 CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale", "update_norm")
@@ -67,8 +68,9 @@ class RoundState:
     stats: dict[str, tuple[dict, float]] = field(default_factory=dict)
 
 
-class ServerActor:
+class ServerActor(Checkpointable):
     name = "server"
+    STATE = ("global_state", "pool", "down", "round", "late", "last_round_end", "short_since", "rounds_with_clients")
 
     def __init__(self, cfg: ServerConfig, clients: list[str], task: TaskSpec):
         self.cfg = cfg
@@ -273,7 +275,14 @@ class ServerActor:
                 self.global_state = new_state
                 report = self._report(rnd, t_end)
                 last = rnd.index + 1 >= self.cfg.rounds
-                reaction = self._begin(rnd.index + 1, t_end) if not last else Reaction()
+                every = self.cfg.checkpoint_every
+                if last:
+                    reaction = Reaction(halt=True)
+                elif every and (rnd.index + 1) % every == 0:
+                    # the next round begins at the same instant, after the checkpoint
+                    reaction = Reaction(timers=[(t_end, f"begin:{rnd.index + 1}")], checkpoint=rnd.index)
+                else:
+                    reaction = self._begin(rnd.index + 1, t_end)
                 finished = {"type": "finished", "t": t_end, "rounds_with_clients": self.rounds_with_clients}
                 reaction.reports[:0] = [report] + ([finished] if last else [])
                 return reaction

@@ -32,6 +32,10 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "record": {"body": _MAP},
     "peer_lost": {"peer": _STR},
     "alive": {"busy_s": _NUM},  # a heartbeat: wall seconds the peer's current job has run (0: idle)
+    "checkpoint": {"actor": _STR, "at": _NUM, "round": _INT},  # an actor asks for a checkpoint of the world at `at`
+    "snapshot": {"round": _INT, "path": _STR},  # the network asks a peer to write its state to path
+    "snapshot_done": {"ok": bool, "why": _STR},
+    "halt": {"actor": _STR, "at": _NUM},  # the server finished the run at `at`: the clock stops there
     "stop": {},
 }
 # numbers that are counts, ids or times: never negative

@@ -1,0 +1,115 @@
+"""Checkpoints and resume: a run whose conductor is SIGKILLed after a checkpoint, then resumed,
+writes exactly the CSV files of a run that was never interrupted."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from conftest import REPO, read_csv, run_cli, write_scenario
+
+RESUMABLE = """
+name: resumable
+seed: 12
+rounds: 12
+task:
+  dataset: synthetic
+  model: mnist_cnn
+  synthetic: {samples: 3000, test_samples: 100, shape: [1, 28, 28]}
+population:
+  clients: 8
+  hosts: 2
+  devices: [{ms_per_sample: 2, battery_wh: 2, battery_start: [0.3, 1.0]}]
+  links: [{up_mbps: 20, down_mbps: 50, latency_ms: 30, loss: 0.01}]
+  availability: {kind: markov, mean_on_s: 60, mean_off_s: 15}
+selection: {clients_per_round: 4, checkin: true, checkin_wait_s: 1}
+round: {timeout_s: 30}
+algorithm: {local_epochs: 1, batch_size: 25, codec: {up: {name: topk, fraction: 0.1, error_feedback: true}}}
+eval: {every: 1}
+network: {transport: tcp}
+run: {checkpoint_every: 1}
+"""
+CSVS = ("transfers", "clients", "devices")
+
+
+def checkpointed_rounds(out) -> int:
+    try:
+        return json.loads((out / "checkpoint" / "meta.json").read_text())["rounds"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0
+
+
+def without_wall(rows):
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
+def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_run_writes(tmp_path):
+    path = write_scenario(tmp_path / "s.yaml", RESUMABLE)
+    whole = tmp_path / "whole"
+    res = run_cli("run", str(path), "--out", str(whole))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not (whole / "checkpoint").exists()  # a completed run keeps no checkpoint
+
+    broken = tmp_path / "broken"
+    proc = subprocess.Popen([sys.executable, "-m", "emulator", "run", str(path), "--out", str(broken)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while checkpointed_rounds(broken) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint of round 3 came"
+            time.sleep(0.01)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGKILL)  # the conductor dies; its children die with it
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    psutil.wait_procs(children, timeout=10)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    cut_at = checkpointed_rounds(broken)
+    assert 3 <= cut_at < 12
+    assert json.loads((broken / "summary.json").read_text())["status"] == "running"
+
+    res = run_cli("resume", str(broken))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "round 12/12" in res.stdout and f"round {cut_at}/12" not in res.stdout  # only what was left ran again
+    for name in CSVS:
+        assert read_csv(broken / f"{name}.csv") == read_csv(whole / f"{name}.csv"), name
+    assert without_wall(read_csv(broken / "rounds.csv")) == without_wall(read_csv(whole / "rounds.csv"))
+    summary = json.loads((broken / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 12
+    assert summary["resumed"][0]["from_round"] == cut_at
+    assert summary["best_accuracy"] == json.loads((whole / "summary.json").read_text())["best_accuracy"]
+
+    again = run_cli("resume", str(broken))
+    assert again.returncode == 2 and "the run completed; there is nothing to resume" in again.stderr
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
+    res = run_cli("resume", str(tmp_path))
+    assert res.returncode == 2 and "not a run directory" in res.stderr and "Traceback" not in res.stderr
+    out = tmp_path / "run"
+    assert run_cli("run", str(write_scenario(tmp_path / "s.yaml", RESUMABLE.replace("run: {checkpoint_every: 1}\n", "")
+                                             .replace("rounds: 12", "rounds: 1"))), "--out", str(out)).returncode == 0
+    (out / "summary.json").write_text(json.dumps({"status": "failed"}))
+    res = run_cli("resume", str(out))
+    assert res.returncode == 2 and "no checkpoint to resume from (set run.checkpoint_every" in res.stderr
+
+
+def test_no_checkpoint_while_clients_still_upload(tmp_path):
+    # a 1 s deadline against uploads of several seconds: every round ends with transfers in flight
+    text = RESUMABLE.replace("round: {timeout_s: 30}", "round: {timeout_s: 1}").replace("rounds: 12", "rounds: 3")
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", text)), "--out", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    info = json.loads((out / "summary.json").read_text())["checkpoint"]
+    assert info["skipped"] >= 1
+    assert info["last_skip"]["why"] == "transfers in flight" or "working" in info["last_skip"]["why"]
+
+
+def test_checkpoints_are_refused_where_they_do_not_apply(tmp_path):
+    text = RESUMABLE.replace("eval: {every: 1}", "eval: {every: 1}\nclock: {mode: realtime, speedup: 100}")
+    res = run_cli("validate", str(write_scenario(tmp_path / "s.yaml", text)))
+    assert res.returncode == 2 and "run.checkpoint_every: checkpoints are for the star topology in virtual time" in res.stderr
