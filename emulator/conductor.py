@@ -490,6 +490,9 @@ def resume_run(run_dir: Path, view_for: Any = None) -> dict:
     checkpoint = run_dir / "checkpoint"
     if not (run_dir / "scenario.yaml").exists():
         raise ResumeError(f"{run_dir}: not a run directory (no scenario.yaml)")
+    previous = run_dir / "checkpoint.old"
+    if not checkpoint.exists() and (previous / "meta.json").exists():  # stopped between the two renames
+        previous.rename(checkpoint)
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     if summary.get("status") == "completed":
         raise ResumeError(f"{run_dir}: the run completed; there is nothing to resume")
