@@ -390,6 +390,8 @@ class Conductor:
 
     def _final_status(self, finished: dict[str, Any]) -> tuple[str, str | None]:
         """completed, unless no round ever had a client: then no_clients, saying what excluded them."""
+        if finished.get("reason"):  # the server gave up before its last round
+            return "failed", finished["reason"]
         if finished.get("rounds_with_clients", 1) > 0:
             return "completed", None
         last = self.last_shortfall

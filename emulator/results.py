@@ -21,12 +21,13 @@ TRANSFER_FIELDS = ["id", "round", "kind", "src", "dst", "payload_bytes", "fp32_b
 ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "wall_s", "selected", "completed", "failed", "rejected",
                 "payload_bytes_down", "payload_bytes_up", "payload_bytes_peer", "wire_bytes_down", "wire_bytes_up",
                 "wire_bytes_peer", "fp32_bytes_down", "fp32_bytes_up", "fp32_bytes_peer", "wasted_bytes", "bits_down",
-                "bits_up_mean", "noise_scale_mean", "train_loss", "train_accuracy", "gamma", "timeouts", "accuracy", "test_loss"]
+                "bits_up_mean", "noise_scale_mean", "train_loss", "train_accuracy", "gamma", "timeouts", "staleness_mean",
+                "staleness_max", "accuracy", "test_loss"]
 CLIENT_FIELDS = ["round", "client", "outcome", "samples", "checkin_t", "battery", "charging", "cpu_load", "link", "selected_t",
                  "download_start", "download_end", "compute_start", "compute_end", "upload_start", "upload_end",
                  "gossip_start", "gossip_end",
                  "payload_bytes_down", "payload_bytes_up", "energy_j", "bits_down", "bits_up", "nu", "loss",
-                 "lipschitz", "sensitivity", "noise_scale", "update_norm"]
+                 "lipschitz", "sensitivity", "noise_scale", "update_norm", "staleness"]
 DEVICE_FIELDS = ["t", "client", "event", "battery", "energy_j"]
 # why a selected client sent nothing, from what happened to its device during the round
 DROP_REASONS = {"battery": "dropped_battery", "offline": "dropped_offline", "link_down": "dropped_link_down"}
@@ -74,6 +75,8 @@ class RunWriter:
         self.summary: dict[str, Any] = {"scenario": scenario.get("name"), "status": "running"}
         self.target = (scenario.get("eval") or {}).get("target_accuracy")
         self.releases: dict[str, list[Release]] = defaultdict(list)  # every noised message each client sent
+        # asynchronous runs: task/update timing per (dispatch, client) until the step that concludes it
+        self.dispatch_timing: dict[tuple[int, str], dict[str, Any]] = {}
         self.accounting_delta = ((scenario.get("algorithm") or {}).get("privacy") or {}).get("accounting_delta", 1e-5)
         if resume is not None:
             for name in WRITER_STATE:
@@ -123,13 +126,16 @@ class RunWriter:
         return sums
 
     @staticmethod
-    def _client_timing(transfers: list[dict], round_index: int) -> dict[str, dict[str, Any]]:
-        timing: dict[str, dict[str, Any]] = {}
+    def _client_timing(transfers: list[dict], round_index: int | None,
+                       timing: dict | None = None) -> dict[Any, dict[str, Any]]:
+        """Download and upload times and bytes per client of round `round_index`; with None, per
+        (round, client) of every round, added to `timing`."""
+        timing = {} if timing is None else timing
         for rec in transfers:
-            if rec["round"] != round_index or rec["kind"] not in ("task", "update"):
+            if (round_index is not None and rec["round"] != round_index) or rec["kind"] not in ("task", "update"):
                 continue
             phase, direction, client = ("download", "down", rec["dst"]) if rec["src"] == SERVER else ("upload", "up", rec["src"])
-            entry = timing.setdefault(client, {})
+            entry = timing.setdefault(client if round_index is not None else (rec["round"], client), {})
             entry[f"{phase}_start"] = rec["t_start"]
             if rec["outcome"] == "ok":
                 entry[f"{phase}_end"] = rec["t_end"]
@@ -145,19 +151,26 @@ class RunWriter:
     def round(self, rep: dict, wall_s: float) -> dict:
         taken = self._take_transfers(rep["t_end"], rep["round"] if rep.get("account") == "round" else None)
         sums = self._sums(taken)
-        timing = self._client_timing(taken, rep["round"])
-        clients = [self._client_row(rep, c, timing.get(c["client"], {})) for c in rep.get("clients", [])]
+        if rep.get("account") == "dispatch":  # a client row is one dispatch, whose transfers may span steps
+            self._client_timing(taken, None, self.dispatch_timing)
+            clients = [self._client_row(rep, c, self.dispatch_timing.pop((c["dispatch"], c["client"]), {}))
+                       for c in rep.get("clients", [])]
+        else:
+            timing = self._client_timing(taken, rep["round"])
+            clients = [self._client_row(rep, c, timing.get(c["client"], {})) for c in rep.get("clients", [])]
         for c in clients:
             self.outcomes[c["outcome"]] += 1
-        for name in list(self.device_events):  # only this round's events can still matter
-            self.device_events[name] = [e for e in self.device_events[name] if e["t"] >= rep["t_start"]]
+        keep_since = rep.get("keep_since", rep["t_start"])
+        for name in list(self.device_events):  # only this round's events (or a running dispatch's) can still matter
+            self.device_events[name] = [e for e in self.device_events[name] if e["t"] >= keep_since]
         ok = [c for c in clients if c["outcome"] == "ok"]
         mean = lambda key: (sum(c[key] for c in ok) / len(ok)) if ok and all(c.get(key) is not None for c in ok) else None  # noqa: E731
         row = {
             "round": rep["round"], "t_start": rep["t_start"], "t_end": rep["t_end"],
             "duration_s": rep["t_end"] - rep["t_start"], "wall_s": wall_s,
             **{k: rep.get(k) for k in ("selected", "completed", "failed", "rejected", "train_loss", "accuracy", "test_loss",
-                                       "bits_down", "train_accuracy", "gamma", "timeouts")},
+                                       "bits_down", "train_accuracy", "gamma", "timeouts", "staleness_mean",
+                                       "staleness_max")},
             "bits_up_mean": mean("bits_up"), "noise_scale_mean": mean("noise_scale"),
             **{f: sums.get(f, 0) for f in ROUND_FIELDS if "bytes" in f},
         }
@@ -177,12 +190,12 @@ class RunWriter:
         status = reported.get("status") or {}
         row.update(checkin_t=reported.get("checkin_t"), battery=status.get("battery"), charging=status.get("charging"),
                    cpu_load=status.get("cpu_load"),
-                   link=status.get("link"), selected_t=rep["t_start"])
+                   link=status.get("link"), selected_t=reported.get("selected_t", rep["t_start"]))
         if row.get("download_end") is not None and row.get("compute_start") is None:
             row["compute_start"] = row["download_end"]
         if row.get("upload_start") is not None:
             row["compute_end"] = row["upload_start"]
-        events = [e for e in self.device_events.get(reported["client"], []) if rep["t_start"] <= e["t"] <= rep["t_end"]]
+        events = [e for e in self.device_events.get(reported["client"], []) if row["selected_t"] <= e["t"] <= rep["t_end"]]
         row["energy_j"] = sum(e.get("energy_j") or 0.0 for e in events)
         if row["outcome"] == "no_update":
             # Dropped if its device or link failed during the round; late if it had its task and was

@@ -12,6 +12,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.codecs import CodecError, make_codec
+from node.strategies import REGISTRY, StrategyError, strategy_class
+from node.strategies.fedalign import FedAlign
 
 
 class ScenarioError(ValueError):
@@ -301,40 +303,14 @@ class Firma(Strict):
         "independent", description="independent: each client starts from its own random model, as FIRMA's code does; shared: all from one")
 
 
-class FedAlignSpec(Strict):
-    """FedAlign (ALGORITHMS.md part 3). The paper's values were not recovered; these defaults are ours."""
-    sample_fraction: float = Field(0.8, gt=0, lt=1, description="|S_k|/|D_k|: share of a client's data trained on each round")
-    rho: float = Field(1.0, gt=0, le=1, description="share of the unsampled part U_k used for the statistics")
-    granularity: Literal["channel", "dimension"] = Field("channel", description="moments per colour channel or per input dimension")
-    moments: Literal[2, 4] = Field(2, description="2: align mean and variance; 4: also skewness and kurtosis (Cornish-Fisher step)")
-    stat_clip: float = Field(10.0, gt=0, description="S_stat: the skewness and kurtosis derived from the noised raw moments are clamped to [-S, S]")
-    input_range: list[float] = Field(
-        default_factory=lambda: [0.0, 1.0], min_length=2, max_length=2,
-        description="inputs are clamped to [low, high] before the statistics: what bounds one sample's influence (their DP sensitivity)")
-    stat_epsilon: Optional[float] = Field(None, gt=0, description="DP budget of the statistics; null: no noise")
-    stat_delta: float = Field(1e-5, gt=0, lt=1)
-    clip: Optional[float] = Field(None, gt=0, description="C: L2 clip of the pseudo-gradient (Eq. 3.6); null: no clipping")
-    epsilon: Optional[float] = Field(None, gt=0, description="DP budget of the update; needs clip; null: no noise")
-    delta: float = Field(1e-5, gt=0, lt=1)
-    server_lr: float = Field(1.0, gt=0, description="eta of Eq. 3.7, in units of the clients' own eta_l tau")
-
-    @field_validator("input_range")
-    @classmethod
-    def _range(cls, v):
-        if not v[0] < v[1]:
-            raise ValueError(f"input_range must be [low, high] with low < high, got {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _noise_needs_clip(self):
-        if self.epsilon is not None and self.clip is None:
-            raise ValueError("epsilon needs clip: the Gaussian noise is calibrated to the clip bound C")
-        return self
+RING_ALGORITHMS = ("fibfl",)  # run by the ring topology, not by a server strategy
 
 
 class Algorithm(Strict):
-    name: Literal["fedavg", "fedalign", "fibfl"] = Field(
-        "fedavg", description="fedavg (with prox_mu: FedProx) and fedalign on a star; fibfl (the FIRMA family) on a ring")
+    name: str = Field(
+        "fedavg", description=f"a registered strategy on a star ({', '.join(sorted(REGISTRY))}); fibfl (the FIRMA family) on a ring")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the strategy's own options (each strategy validates its own; fedalign's are algorithm.fedalign)")
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
@@ -348,7 +324,31 @@ class Algorithm(Strict):
     quantization: Quantization = Field(default_factory=Quantization)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     firma: Firma = Field(default_factory=Firma)
-    fedalign: FedAlignSpec = Field(default_factory=FedAlignSpec)
+    fedalign: FedAlign.Options = Field(default_factory=FedAlign.Options)
+
+    @model_validator(mode="after")
+    def _strategy_options(self):
+        """The name is a registered strategy (or the ring's fibfl) and its options are its own."""
+        if self.name in RING_ALGORITHMS:
+            if self.options:
+                raise ValueError(f"options: {self.name}'s options are algorithm.firma")
+            return self
+        try:
+            cls = strategy_class(self.name)
+        except StrategyError as exc:
+            raise ValueError(f"name: {exc}, or {', '.join(RING_ALGORITHMS)} on a ring") from None
+        if cls.options_key != "options":
+            if self.options:
+                raise ValueError(f"options: {self.name}'s options are algorithm.{cls.options_key}")
+            return self
+        try:
+            self.options = cls.Options.model_validate(self.options).model_dump()
+        except ValidationError as exc:
+            lines = [f"options.{'.'.join(str(p) for p in e['loc'])}: {_friendly(e['msg'])}"
+                     + ("" if e["type"] in ("missing", "extra_forbidden") else f", got {e.get('input')!r}")
+                     for e in exc.errors()]
+            raise ValueError("; ".join(lines)) from None
+        return self
 
     @model_validator(mode="after")
     def _adaptive_needs_int(self):
@@ -457,8 +457,31 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
+    def _asynchronous_fits(self):
+        """What synchronous rounds mean does not carry over to a strategy that steps as updates arrive."""
+        if self.algorithm.name in RING_ALGORITHMS or not strategy_class(self.algorithm.name).asynchronous:
+            return self
+        name = self.algorithm.name
+        if self.round.policy != "all":
+            raise ValueError(f"round.policy: {self.round.policy} closes synchronous rounds; {name} steps every "
+                             f"buffer_size updates (leave round.policy at all)")
+        if self.selection.over_selection != 1.0:
+            raise ValueError(f"selection.over_selection: {name} keeps algorithm.options.concurrency clients training; "
+                             f"over-selection does not apply")
+        if self.algorithm.quantization.schedule != "static":
+            raise ValueError(f"algorithm.quantization.schedule: {self.algorithm.quantization.schedule} follows "
+                             f"synchronous rounds; use static with {name}")
+        if self.run.checkpoint_every is not None:
+            raise ValueError(f"run.checkpoint_every: a {name} run always has clients training, and a checkpoint "
+                             f"needs an instant when nothing is under way")
+        if self.population.availability.kind != "always" and self.round.timeout_s is None:
+            raise ValueError(f"round.timeout_s: devices go offline here; {name} needs a per-client timeout to "
+                             f"replace a client that never answers")
+        return self
+
+    @model_validator(mode="after")
     def _topology_fits(self):
-        ring_algorithms = ("fibfl",)
+        ring_algorithms = RING_ALGORITHMS
         if self.topology == "ring":
             if self.algorithm.name not in ring_algorithms:
                 raise ValueError(f"topology ring runs algorithm.name fibfl, got {self.algorithm.name!r}")

@@ -10,9 +10,11 @@ import numpy as np
 from node import data as datasets
 from node import firma
 from node.client import ClientConfig, ClientProfile, Privacy, TaskSpec
-from node.fedalign import FedAlignConfig
 from node.models import PRIVATE_PREFIX, training_flops
 from node.ring import RingConfig
+from node.strategies import Strategy, strategy_class
+from node.strategies.fedalign import FedAlign
+from node.strategies.fedavg import FedAvg
 from node.privacy import noise_factor
 from node.schedule import BitSchedule
 from node.server import ServerConfig
@@ -163,7 +165,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     alg = sc.algorithm
     per_round = sc.selection.per_round(n)
     tensor_names = list(task.build().state_dict())
-    fedalign_cfg = _fedalign_config(alg.fedalign) if alg.name == "fedalign" else None
+    strategy = _strategy(sc)
+    fedalign_cfg = strategy.config if isinstance(strategy, FedAlign) else None  # its client side lives in ClientActor
     q = alg.quantization
     schedule = BitSchedule(q.schedule, sc.rounds, q.b_min, q.b_max)
     server = ServerConfig(
@@ -175,7 +178,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
         min_clients=sc.selection.min_clients, wait_s=sc.selection.wait_s, checkpoint_every=sc.run.checkpoint_every,
-        selection_params=_selection_params(sc), fedalign=fedalign_cfg, server_lr=alg.fedalign.server_lr,
+        selection_params=_selection_params(sc), strategy=strategy,
         eval_shards=test_shards if sc.eval.split == "clients" else None,
         down_layers=alg.codec.down.build_layers(tensor_names),
     )
@@ -185,7 +188,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
                           fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
-                          up_layers=alg.codec.up.build_layers(tensor_names))
+                          up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy)
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     sl = sc.server.link
     return World(
@@ -248,9 +251,13 @@ def _partition(sc: Scenario, labels: np.ndarray, rng: np.random.Generator, key: 
         raise ScenarioError(f"{key}: {exc}") from None
 
 
-def _fedalign_config(spec) -> FedAlignConfig:
-    return FedAlignConfig(spec.sample_fraction, spec.rho, spec.granularity, spec.moments, spec.stat_clip,
-                          tuple(spec.input_range), spec.stat_epsilon, spec.stat_delta, spec.clip, spec.epsilon, spec.delta)
+def _strategy(sc: Scenario) -> Strategy:
+    """The star algorithm, built by name from its own options (a ring has no server: FedAvg, unused)."""
+    alg = sc.algorithm
+    if sc.topology == "ring":
+        return FedAvg()
+    cls = strategy_class(alg.name)
+    return cls(getattr(alg, cls.options_key).model_dump() if cls.options_key != "options" else alg.options, seed=sc.seed)
 
 
 def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> RingConfig:

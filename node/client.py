@@ -20,6 +20,8 @@ from .data import Dataset, with_input_noise
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
 from .privacy import add_noise, noise_scale, sensitivity
 from .schedule import BitSchedule, importance
+from .strategies import Strategy
+from .strategies.fedavg import FedAvg
 from .training import LocalTraining, TrainingResult, train_local
 
 
@@ -79,11 +81,12 @@ class ClientConfig:
     train: bool = True  # False: communication only, the received model goes back re-encoded
     shuffle: str = "every_epoch"
     checkin: bool = False  # check in with the server whenever the device comes online
-    prox_mu: float = 0.0  # FedProx proximal weight (0: plain FedAvg local training)
+    prox_mu: float = 0.0  # proximal weight for any star algorithm (0: plain local SGD); fedprox sets its own
     fedalign: fedalign.FedAlignConfig | None = None  # FedAlign: statistics phase, aligned data, DP update
     error_feedback: bool = False  # keep the upload's compression residual (lost when the device goes offline)
     max_samples: int | None = None  # train on at most this many samples per round (a fresh seeded subset)
     up_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
+    strategy: Strategy = field(default_factory=FedAvg)  # its client side: how the global model becomes this client's
 
 
 class Trainer:
@@ -186,7 +189,8 @@ class ClientActor(Checkpointable):
                 data = self._aligned(sampled, target)
                 indices, order = np.arange(sampled.size), None
             if self.cfg.train:
-                new_state, result = self.trainer.train(state, indices, local, rng, order, data)
+                new_state, result = self.cfg.strategy.local_update(
+                    state, local, lambda start, config: self.trainer.train(start, indices, config, rng, order, data))
                 info["loss"] = result.loss
                 new_state, release = self._privatize(new_state, result, local, rng, info)
             else:
@@ -199,7 +203,8 @@ class ClientActor(Checkpointable):
                 if update.noise_scale > 0:
                     release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
                 encoded = encode_state(update.delta, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
-            elif self.feedback or codec.encodes_delta or any(c.encodes_delta for c in self.cfg.up_layers.values()):
+            elif (self.feedback or codec.encodes_delta or self.cfg.strategy.uploads_delta
+                  or any(c.encodes_delta for c in self.cfg.up_layers.values())):
                 delta = {k: new_state[k] - state[k] for k in new_state}
                 if self.feedback:
                     encoded, residual = self.feedback.compress(delta, codec, rng, self.cfg.up_layers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .lifecycle import detach_from_terminal_signals
+from .async_server import AsyncServer
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
 from .ring import Evaluator, RingClientActor, RingConfig
 from .runtime import Runtime
@@ -29,4 +30,5 @@ def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task:
                 parent_pid: int, restore: list[str] | None = None) -> None:
     detach_from_terminal_signals(parent_pid, "server")
     torch.set_num_threads(threads)
-    Runtime("server", endpoint, [ServerActor(cfg, client_names, task)], parent_pid, restore).run()
+    server = (AsyncServer if cfg.strategy.asynchronous else ServerActor)(cfg, client_names, task)
+    Runtime("server", endpoint, [server], parent_pid, restore).run()

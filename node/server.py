@@ -12,8 +12,9 @@ from .actor import Checkpointable, Message, Reaction, Send
 from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule
-from . import fedalign
-from .strategy import WeightedAverage, eligible, select_clients, shortfall
+from .strategies import ClientUpdate, RoundControl, Strategy
+from .strategies.fedavg import FedAvg
+from .strategy import eligible, select_clients, shortfall
 from .training import accuracy_on, evaluate
 
 
@@ -40,8 +41,7 @@ class ServerConfig:
     checkin_wait_s: float = 0.0  # how long to collect check-ins before a round when too few are eligible
     min_clients: int = 1  # a round needs this many eligible clients...
     wait_s: float = 300.0  # ...and waits this long (emulated, for check-ins) before it runs with fewer or is skipped
-    fedalign: fedalign.FedAlignConfig | None = None  # a statistics phase (client moments in, global moments out) before training
-    server_lr: float = 1.0  # step along the averaged update (Eq. 3.7); 1 is plain FedAvg
+    strategy: Strategy = field(default_factory=FedAvg)  # the algorithm: what rounds send, how updates combine
     eval_shards: list[np.ndarray] | None = None  # evaluate on each client's test split and average
     down_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
     checkpoint_every: int | None = None  # ask for a checkpoint after every this many rounds
@@ -56,7 +56,6 @@ class RoundState:
     t_start: float
     selected: list[str]
     waiting: set[str]
-    average: WeightedAverage = field(default_factory=WeightedAverage)
     completed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     rejected: int = 0
@@ -64,18 +63,18 @@ class RoundState:
     bits_down: int | None = None
     clients: dict[str, dict[str, Any]] = field(default_factory=dict)  # per selected client: what it reported, outcome
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # check-in status each was selected on
-    stats_waiting: set[str] = field(default_factory=set)  # FedAlign: clients whose moments are still due
-    stats: dict[str, tuple[dict, float]] = field(default_factory=dict)
 
 
 class ServerActor(Checkpointable):
     name = "server"
-    STATE = ("global_state", "pool", "down", "round", "late", "last_round_end", "short_since", "rounds_with_clients")
+    STATE = ("global_state", "pool", "down", "round", "late", "last_round_end", "short_since", "rounds_with_clients",
+             "strategy_state")
 
     def __init__(self, cfg: ServerConfig, clients: list[str], task: TaskSpec):
         self.cfg = cfg
         self.clients = list(clients)
         self.task = task
+        self.strategy = cfg.strategy
         model = task.build()
         self.spec = state_spec(model)
         self.global_state = state_to_numpy(model)
@@ -90,6 +89,18 @@ class ServerActor(Checkpointable):
         self.rounds_with_clients = 0
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
 
+    @property
+    def strategy_state(self) -> dict[str, Any]:
+        return self.strategy.snapshot()
+
+    @strategy_state.setter
+    def strategy_state(self, state: dict[str, Any]) -> None:
+        self.strategy.restore(state)
+
+    def _control(self, rnd: RoundState) -> RoundControl:
+        return RoundControl(rnd.index, rnd.selected, self.cfg.seed,
+                            lambda client, what, error: self._reject(rnd, client, what, error, {}))
+
     # ---- reactions --------------------------------------------------------------------------
     def react(self, msg: Message) -> Reaction:
         if msg.kind == "start":
@@ -103,8 +114,8 @@ class ServerActor(Checkpointable):
             return self._begin(index, msg.t) if self.round is None else Reaction()
         if msg.kind == "update":
             return self._on_update(msg)
-        if msg.kind == "stats":
-            return self._on_stats(msg)
+        if msg.kind in self.strategy.message_kinds:
+            return self._on_strategy_message(msg)
         if msg.kind == "peer_down":
             return self._on_down(msg)
         if msg.kind == "tick" and self.round and msg.body.get("tag") == f"deadline:{self.round.index}":
@@ -141,8 +152,6 @@ class ServerActor(Checkpointable):
                 self.pool.pop(name, None)
         self.round = RoundState(index, t, selected, set(selected))
         self.round.statuses = statuses
-        if self.cfg.fedalign:
-            self.round.stats_waiting = set(selected)
         if not selected:
             return self._close(t)
         self.rounds_with_clients += 1
@@ -155,7 +164,7 @@ class ServerActor(Checkpointable):
         encoded = encode_state(self.global_state, codec, rng, codec_for=self.cfg.down_layers)
         n_max = max((self.cfg.samples.get(c, 0) for c in selected), default=0)
         body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr,
-                "bits": bits, "n_max": n_max}
+                "bits": bits, "n_max": n_max, **self.strategy.configure_round(self._control(self.round), self.global_state)}
         timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
         return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)],
                         timers=timers, reports=[notice] if notice else [])
@@ -184,8 +193,10 @@ class ServerActor(Checkpointable):
             self._reject(rnd, msg.src, "update", str(exc), record)
         else:
             if basis == "delta":
-                state = {k: self.global_state[k] + state[k] for k in state}
-            rnd.average.add(state, float(msg.body.get("samples", 1)))
+                delta, state = state, {k: self.global_state[k] + state[k] for k in state}
+            else:
+                delta = {k: state[k] - self.global_state[k] for k in state}
+            self.strategy.on_update(ClientUpdate(msg.src, state, delta, float(msg.body.get("samples", 1)), record))
             rnd.completed.append(msg.src)
             rnd.clients[msg.src] = {**record, "t_update": msg.t, "outcome": "ok"}
             if msg.body.get("loss") is not None:
@@ -193,25 +204,13 @@ class ServerActor(Checkpointable):
         enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round
         return self._close(msg.t) if enough or not rnd.waiting else Reaction()
 
-    def _on_stats(self, msg: Message) -> Reaction:
-        """FedAlign step 3: once every selected client's moments are in, broadcast their aggregate."""
+    def _on_strategy_message(self, msg: Message) -> Reaction:
+        """A message of the strategy's own phases (FedAlign's statistics), during its round."""
         rnd = self.round
-        if rnd is None or msg.round != rnd.index or msg.src not in rnd.stats_waiting:
+        if rnd is None or msg.round != rnd.index:
             return Reaction()
-        rnd.stats_waiting.discard(msg.src)
-        try:
-            raw, _ = decode_state(msg.frames)
-            wanted = fedalign.RAW[: self.cfg.fedalign.moments]
-            if sorted(raw) != sorted(wanted) or len({v.shape for v in raw.values()}) != 1:
-                raise CodecError(f"statistics must be {wanted} of one shape, got "
-                                 f"{ {k: v.shape for k, v in raw.items()} }")
-            stats = fedalign.central_moments(raw, self.cfg.fedalign.stat_clip)
-        except CodecError as exc:
-            self._reject(rnd, msg.src, "statistics", str(exc), {})
-        else:
-            rnd.stats[msg.src] = (stats, float(msg.body.get("samples", 1)))
-        reaction = self._maybe_send_moments(rnd)
-        return self._close(msg.t) if not rnd.waiting else reaction
+        sends = self.strategy.on_message(msg, self._control(rnd))
+        return self._close(msg.t) if not rnd.waiting else Reaction(sends=sends)
 
     def _reject(self, rnd: RoundState, client: str, what: str, error: str, record: dict) -> None:
         rnd.rejected += 1
@@ -219,20 +218,6 @@ class ServerActor(Checkpointable):
         rnd.failed.append(client)
         rnd.clients[client] = {**record, "outcome": "rejected"}
         print(f"[server] rejected {what} from {client}: {error}", file=sys.stderr)
-
-    def _maybe_send_moments(self, rnd: RoundState) -> Reaction:
-        if rnd.stats_waiting or not rnd.stats:
-            return Reaction()
-        shapes = {name: m["mean"].shape for name, (m, _) in rnd.stats.items()}
-        common = max(sorted(set(shapes.values())), key=list(shapes.values()).count)
-        for name in sorted(n for n, shape in shapes.items() if shape != common):  # cannot be averaged with the rest
-            del rnd.stats[name]
-            self._reject(rnd, name, "statistics", f"shape {shapes[name]}, the others {common}", {})
-        target = fedalign.aggregate_moments(list(rnd.stats.values()))
-        encoded = encode_state(target, fedalign.MOMENTS_CODEC, np.random.default_rng([self.cfg.seed, rnd.index, 0xA1]))
-        to = sorted(rnd.stats)
-        rnd.stats = {}
-        return Reaction(sends=[Send(to, "moments", rnd.index, {}, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)])
 
     def _on_down(self, msg: Message) -> Reaction:
         lost = set(msg.body.get("actors", []))
@@ -247,12 +232,7 @@ class ServerActor(Checkpointable):
             rnd.clients[name] = {"outcome": "host_crash"}
         if gone and not rnd.waiting:
             return self._close(msg.t)
-        if rnd.stats_waiting & lost:
-            rnd.stats_waiting -= lost
-            for name in lost:
-                rnd.stats.pop(name, None)
-            return self._maybe_send_moments(rnd)
-        return Reaction()
+        return Reaction(sends=self.strategy.on_lost(lost, self._control(rnd)))
 
     # ---- round end --------------------------------------------------------------------------
     def _close(self, t: float) -> Reaction:
@@ -266,10 +246,7 @@ class ServerActor(Checkpointable):
         t_end = t + self.cfg.aggregate_s
 
         def work():
-            new_state = rnd.average.result(self.global_state)
-            if self.cfg.server_lr != 1.0 and rnd.average.total > 0:
-                new_state = {k: (self.global_state[k] + self.cfg.server_lr * (new_state[k] - self.global_state[k])).astype(
-                    self.global_state[k].dtype) for k in new_state}
+            new_state = self.strategy.aggregate(self.global_state)
 
             def advance() -> Reaction:
                 self.global_state = new_state
@@ -301,7 +278,12 @@ class ServerActor(Checkpointable):
                          "status": rnd.statuses.get(name) or None, "checkin_t": (rnd.statuses.get(name) or {}).get("checkin_t")}
                         for name in rnd.selected],
         }
-        due = self.cfg.eval_every > 0 and (rnd.index % self.cfg.eval_every == 0 or rnd.index + 1 == self.cfg.rounds)
+        return self._with_evaluation(base, rnd.index)
+
+    def _with_evaluation(self, base: dict[str, Any], index: int):
+        """The report of round `index`, or a callable that adds the global model's test figures to it
+        (run off the actor's thread) when the round is due for evaluation."""
+        due = self.cfg.eval_every > 0 and (index % self.cfg.eval_every == 0 or index + 1 == self.cfg.rounds)
         if not due:
             return base
         snapshot = self.global_state

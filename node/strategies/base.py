@@ -1,0 +1,131 @@
+"""The FL algorithm as a plug-in, apart from transport and time.
+
+A Strategy is policy only: what a round asks of its clients, what an arriving update does, how
+the global model moves, and (on the client) how a client turns the global model into its own.
+It never sees a socket or a clock: the server actor (node/server.py) and the client actor
+(node/client.py) drive it, and own selection, timing, codecs and bookkeeping."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+State = dict[str, np.ndarray]
+
+
+class Options(BaseModel):
+    """A strategy's own options (`algorithm.options` in a scenario); unknown keys are errors."""
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class ClientUpdate:
+    """One client's decoded contribution, as the server strategy sees it."""
+    client: str
+    state: State  # the client's new model (weights)
+    delta: State  # state minus the model the client trained from
+    weight: float  # its number of training samples
+    info: dict[str, Any] = field(default_factory=dict)  # what it reported (loss, bits, ...)
+    staleness: int = 0  # server steps taken since the client got its model (asynchronous strategies)
+
+
+class RoundControl:
+    """What a strategy may do to the round in progress besides aggregating: refuse a client's
+    message (it then counts as failed) and name the round. Given by the server actor."""
+
+    def __init__(self, index: int, selected: list[str], seed: int, reject: Callable[[str, str, str], None]):
+        self.index = index
+        self.selected = selected
+        self.seed = seed
+        self.reject = reject  # (client, what, error)
+
+
+TrainFn = Callable[[State, Any], tuple[State, Any]]
+
+
+class Strategy:
+    """Base class: FedAvg's hooks with no aggregation rule. Subclasses register by name."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[Options]] = Options
+    asynchronous: ClassVar[bool] = False  # True: the server steps when ready(), dispatching clients as others finish
+    uploads_delta: ClassVar[bool] = False  # True: clients send model deltas whatever their codec
+    message_kinds: ClassVar[tuple[str, ...]] = ()  # extra client -> server messages handled by on_message
+    STATE: ClassVar[tuple[str, ...]] = ()  # attributes that outlive a round (checkpointed)
+    options_key: ClassVar[str] = "options"  # where a scenario keeps its options: algorithm.<options_key>
+
+    def __init__(self, options: Options | Mapping[str, Any] | None = None, *, seed: int = 0):
+        self.options = options if isinstance(options, self.Options) else self.Options.model_validate(dict(options or {}))
+        self.seed = seed
+
+    # ---- server side ----------------------------------------------------------------------
+    def configure_round(self, control: RoundControl, global_state: State) -> dict[str, Any]:
+        """Called as a round starts; returns extra fields for the task every selected client gets."""
+        return {}
+
+    def on_update(self, update: ClientUpdate) -> None:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        """Asynchronous strategies: whether the server should take a step now."""
+        return False
+
+    def aggregate(self, global_state: State) -> State:
+        """The next global model from the updates taken since the last call (which it forgets)."""
+        raise NotImplementedError
+
+    def on_message(self, msg, control: RoundControl) -> list:
+        """A client message of one of `message_kinds`; returns Sends (node.actor.Send)."""
+        return []
+
+    def on_lost(self, clients: set[str], control: RoundControl) -> list:
+        """Selected clients whose host is gone; returns Sends."""
+        return []
+
+    def waiting_for(self) -> set[str]:
+        """Clients whose messages (other than their update) this round still waits for."""
+        return set()
+
+    # ---- client side ----------------------------------------------------------------------
+    def local_update(self, state: State, config, train: TrainFn) -> tuple[State, Any]:
+        """A client's new model from the global one. `train(state, config)` runs local SGD
+        (node.training.LocalTraining config) on the client's data and returns (state, result)."""
+        return train(state, config)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        for name in self.STATE:
+            setattr(self, name, state[name])
+
+
+class StrategyError(ValueError):
+    """An unknown strategy name or invalid options; str() names the key."""
+
+
+REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register(name: str):
+    """Class decorator: make a Strategy available as `algorithm.name: NAME`."""
+
+    def add(cls: type[Strategy]) -> type[Strategy]:
+        if name in REGISTRY:
+            raise StrategyError(f"strategy {name!r} is registered twice ({REGISTRY[name].__qualname__}, {cls.__qualname__})")
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise StrategyError(f"no strategy named {name!r} (have {', '.join(sorted(REGISTRY))})") from None
+

@@ -1,0 +1,116 @@
+"""Strategies as plug-ins: the registry, each strategy's own options, FedAvg/FedProx/FedAvgM by
+hand, and the README's example strategy running in real processes."""
+import numpy as np
+import pytest
+
+from conftest import read_csv, run_cli, write_scenario
+from emulator.scenario import ScenarioError, load_scenario
+from emulator.world import build_world
+from node.strategies import REGISTRY, ClientUpdate, Strategy, StrategyError, register, strategy_class
+from node.training import LocalTraining
+
+
+def upd(state, weight):
+    return ClientUpdate("c", {"w": np.array(state, dtype=np.float32)}, {}, weight)
+
+
+def test_registry_names_every_builtin_and_refuses_duplicates():
+    assert {"fedavg", "fedprox", "fedavgm", "fedalign", "fedbuff"} <= set(REGISTRY)
+    with pytest.raises(StrategyError, match="no strategy named 'nope'"):
+        strategy_class("nope")
+    with pytest.raises(StrategyError, match="registered twice"):
+        register("fedavg")(type("Again", (Strategy,), {}))
+
+
+def test_fedavg_weighted_mean_and_server_lr_by_hand():
+    g = {"w": np.array([0.0, 0.0], dtype=np.float32)}
+    fedavg = strategy_class("fedavg")({"server_lr": 0.5})
+    fedavg.on_update(upd([1.0, 2.0], 1))
+    fedavg.on_update(upd([4.0, 5.0], 2))
+    np.testing.assert_allclose(fedavg.aggregate(g)["w"], [1.5, 2.0])  # 0.5 * [3, 4]
+    assert fedavg.aggregate(g)["w"].tolist() == [0.0, 0.0]  # nothing since: the model stays
+
+
+def test_fedavgm_momentum_by_hand():
+    g = {"w": np.array([1.0], dtype=np.float32)}
+    m = strategy_class("fedavgm")({"momentum": 0.5})
+    m.on_update(upd([3.0], 1))
+    g = m.aggregate(g)  # v = 2, w = 3
+    assert g["w"].tolist() == [3.0]
+    m.on_update(upd([3.0], 1))
+    g = m.aggregate(g)  # v = 0.5 * 2 + 0 = 1, w = 4
+    assert g["w"].tolist() == [4.0]
+    assert m.snapshot()["velocity"]["w"].tolist() == [1.0]
+    assert m.aggregate(g)["w"].tolist() == [4.0]  # a round nobody answered moves nothing
+
+
+def test_fedprox_is_fedavg_with_a_proximal_client():
+    prox = strategy_class("fedprox")({"mu": 0.3})
+    seen = []
+    prox.local_update({}, LocalTraining(1, 8, 0.1), lambda state, config: seen.append(config.prox_mu) or (state, None))
+    assert seen == [0.3]
+    plain = []
+    strategy_class("fedavg")().local_update({}, LocalTraining(1, 8, 0.1), lambda s, c: plain.append(c.prox_mu) or (s, None))
+    assert plain == [0.0]
+
+
+BASE = """
+name: s
+rounds: 2
+task: {dataset: synthetic, model: mlp, synthetic: {samples: 120, test_samples: 40, shape: [1, 28, 28], classes: 10}}
+population: {clients: 3, hosts: 1, devices: [{ms_per_sample: 1}], links: [{up_mbps: 10, down_mbps: 10, latency_ms: 10}]}
+algorithm: {local_epochs: 1, batch_size: 10, lr: 0.05, %s}
+"""
+
+
+@pytest.mark.parametrize("algorithm, error", [
+    ("name: fedsgd", "algorithm: name: no strategy named 'fedsgd'"),
+    ("name: fedavgm, options: {momentum: 1.5}", "options.momentum: "),
+    ("name: fedprox, options: {mu: 0.1, nu: 2}", "options.nu: "),
+    ("name: fedalign, options: {rho: 0.5}", "fedalign's options are algorithm.fedalign"),
+    ("name: fedbuff, options: {buffer_size: 0}", "options.buffer_size: "),
+])
+def test_each_strategy_validates_its_own_options(tmp_path, algorithm, error):
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(write_scenario(tmp_path / "s.yaml", BASE % algorithm))
+    assert error in str(info.value)
+    assert "Traceback" not in str(info.value)
+
+
+@pytest.mark.parametrize("extra, key", [
+    ("round: {policy: first_k}", "round.policy"),
+    ("selection: {clients_per_round: 2, over_selection: 1.5}", "selection.over_selection"),
+    ("run: {checkpoint_every: 1}", "run.checkpoint_every"),
+])
+def test_asynchronous_strategies_refuse_synchronous_keys(tmp_path, extra, key):
+    with pytest.raises(ScenarioError, match=key):
+        load_scenario(write_scenario(tmp_path / "s.yaml", BASE % "name: fedbuff" + extra + "\n"))
+
+
+def test_options_reach_the_built_strategy_with_defaults(tmp_path):
+    sc, resolved = load_scenario(write_scenario(tmp_path / "s.yaml", BASE % "name: fedavgm, options: {momentum: 0.7}"))
+    assert resolved["algorithm"]["options"] == {"server_lr": 1.0, "momentum": 0.7}
+    world = build_world(sc)
+    assert world.server.strategy.name == "fedavgm" and world.server.strategy.options.momentum == 0.7
+    assert world.client.strategy.name == "fedavgm"
+
+
+def test_fedavgm_runs_end_to_end_and_differs_from_fedavg(tmp_path):
+    finals = {}
+    for name in ("fedavg", "fedavgm"):
+        out = tmp_path / name
+        scenario = write_scenario(tmp_path / f"{name}.yaml", BASE % f"name: {name}")
+        res = run_cli("run", str(scenario), "--out", str(out), "--quiet", timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        rows = read_csv(out / "rounds.csv")
+        assert len(rows) == 2 and all(int(r["completed"]) == 3 for r in rows)
+        finals[name] = [r["test_loss"] for r in rows]
+    assert finals["fedavg"][0] == finals["fedavgm"][0]  # round 1: zero velocity plus one step is FedAvg's step
+    assert finals["fedavg"][1] != finals["fedavgm"][1]  # round 2: the momentum carries on
+
+
+def test_readme_example_is_the_shipped_strategy():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    source = (root / "node" / "strategies" / "fedavgm.py").read_text()
+    assert "```python\n" + source + "```" in (root / "README.md").read_text()
