@@ -175,10 +175,25 @@ class Server(Strict):
     aggregate_ms: float = Field(0.0, ge=0)
 
 
+class OortSpec(Strict):
+    """Oort (Lai et al., OSDI 2021); defaults are the paper's and its released code's."""
+    preferred_duration_s: Optional[float] = Field(
+        None, gt=0, description="T: clients slower than this are penalised; null: the median expected duration of the "
+                                "first checked-in pool (or of the first clients tried)")
+    alpha: float = Field(2.0, ge=0, description="penalty exponent of (T / duration)")
+    exploration: float = Field(0.9, ge=0, le=1, description="epsilon: share of slots for never-tried clients, at round 0")
+    exploration_decay: float = Field(0.98, gt=0, le=1, description="epsilon is multiplied by this each round...")
+    exploration_min: float = Field(0.3, ge=0, le=1, description="...down to this")
+    cutoff: float = Field(0.95, gt=0, le=1, description="exploit among clients scoring at least this times the k-th best")
+    staleness_bonus: float = Field(0.1, ge=0, description="c of the bonus sqrt(c ln R / L) for clients not picked lately")
+    pacer_window: int = Field(20, ge=1, description="W: compare the utility of the last W rounds with the W before")
+    pacer_delta_s: Optional[float] = Field(None, gt=0, description="T grows by this when utility falls; null: T / 10")
+
+
 class Selection(Strict):
     clients_per_round: Optional[int] = Field(None, ge=1, description="P; or give fraction")
     fraction: Optional[float] = Field(None, gt=0, le=1, description="P = max(1, round(fraction * clients))")
-    policy: Literal["random", "resource_aware", "fastest"] = "random"
+    policy: Literal["random", "resource_aware", "fastest", "oort"] = "random"
     over_selection: float = Field(1.0, ge=1, description="ask ceil(P * this) clients")
     checkin: bool = Field(False, description="clients check in when they come online; only they can be selected")
     checkin_wait_s: float = Field(5.0, ge=0, description="collect check-ins this long before a round with nobody to ask")
@@ -186,6 +201,7 @@ class Selection(Strict):
     max_cpu_load: float = Field(1.0, ge=0, le=1, description="resource_aware")
     min_up_mbps: float = Field(0.0, ge=0, description="resource_aware")
     explore: float = Field(0.1, ge=0, le=1, description="fastest: share of the selection drawn at random")
+    oort: OortSpec = Field(default_factory=OortSpec, description="policy oort's parameters")
     min_clients: int = Field(1, ge=1, description="a round needs this many eligible clients (checked in, meeting the thresholds)")
     wait_s: float = Field(300.0, ge=0, description="with fewer, wait this long (emulated, for check-ins), then run with "
                                                    "whoever is eligible or skip the round (no_eligible_clients incident)")
@@ -468,6 +484,9 @@ class Scenario(Strict):
         if self.selection.over_selection != 1.0:
             raise ValueError(f"selection.over_selection: {name} keeps algorithm.options.concurrency clients training; "
                              f"over-selection does not apply")
+        if self.selection.policy == "oort":
+            raise ValueError(f"selection.policy: oort scores the clients of synchronous rounds; use random, "
+                             f"resource_aware or fastest with {name}")
         if self.algorithm.quantization.schedule != "static":
             raise ValueError(f"algorithm.quantization.schedule: {self.algorithm.quantization.schedule} follows "
                              f"synchronous rounds; use static with {name}")

@@ -11,6 +11,7 @@ from node import data as datasets
 from node import firma
 from node.client import ClientConfig, ClientProfile, Privacy, TaskSpec
 from node.models import PRIVATE_PREFIX, training_flops
+from node.oort import OortParams
 from node.ring import RingConfig
 from node.strategies import Strategy, strategy_class
 from node.strategies.fedalign import FedAlign
@@ -178,7 +179,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
         min_clients=sc.selection.min_clients, wait_s=sc.selection.wait_s, checkpoint_every=sc.run.checkpoint_every,
-        selection_params=_selection_params(sc), strategy=strategy,
+        selection_params=_selection_params(sc), strategy=strategy, oort=OortParams(**sc.selection.oort.model_dump()),
         eval_shards=test_shards if sc.eval.split == "clients" else None,
         down_layers=alg.codec.down.build_layers(tensor_names),
     )

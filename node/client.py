@@ -191,7 +191,7 @@ class ClientActor(Checkpointable):
             if self.cfg.train:
                 new_state, result = self.cfg.strategy.local_update(
                     state, local, lambda start, config: self.trainer.train(start, indices, config, rng, order, data))
-                info["loss"] = result.loss
+                info["loss"], info["loss_rms"] = result.loss, result.loss_rms
                 new_state, release = self._privatize(new_state, result, local, rng, info)
             else:
                 new_state = state

@@ -14,7 +14,8 @@ from .models import load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule
 from .strategies import ClientUpdate, RoundControl, Strategy
 from .strategies.fedavg import FedAvg
-from .strategy import eligible, select_clients, shortfall
+from .oort import OortParams, OortSelector
+from .strategy import eligible, expected_seconds, select_clients, shortfall
 from .training import accuracy_on, evaluate
 
 
@@ -33,7 +34,8 @@ class ServerConfig:
     aggregate_s: float = 0.0  # modelled aggregation time
     schedule: BitSchedule = field(default_factory=BitSchedule)
     samples: dict[str, int] = field(default_factory=dict)  # n_i of each client, for n_max (Eq. 1.7)
-    selection: str = "random"  # random | resource_aware | fastest
+    selection: str = "random"  # random | resource_aware | fastest | oort
+    oort: OortParams = field(default_factory=OortParams)  # selection oort's parameters
     selection_params: dict[str, float] = field(default_factory=dict)
     over_selection: float = 1.0  # select ceil(K * this)
     round_policy: str = "all"  # all: wait for every selected client (or the deadline); first_k: close at K updates
@@ -68,7 +70,7 @@ class RoundState:
 class ServerActor(Checkpointable):
     name = "server"
     STATE = ("global_state", "pool", "down", "round", "late", "last_round_end", "short_since", "rounds_with_clients",
-             "strategy_state")
+             "strategy_state", "oort")
 
     def __init__(self, cfg: ServerConfig, clients: list[str], task: TaskSpec):
         self.cfg = cfg
@@ -87,6 +89,7 @@ class ServerActor(Checkpointable):
         self.last_round_end = 0.0
         self.short_since: float | None = None  # when the current round began waiting for eligible clients
         self.rounds_with_clients = 0
+        self.oort = OortSelector(cfg.oort) if cfg.selection == "oort" else None
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
 
     @property
@@ -144,8 +147,13 @@ class ServerActor(Checkpointable):
                 return reaction
         self.short_since = None
         asked = min(len(pool), int(np.ceil(self.cfg.clients_per_round * self.cfg.over_selection)))
-        selected = select_clients(self.cfg.selection, pool, asked, rng, epochs=self.cfg.epochs,
-                                  down_bytes=self.model_bytes, up_bytes=self.model_bytes, **self.cfg.selection_params)
+        if self.oort is not None:
+            expected = {n: expected_seconds(st, self.cfg.epochs, self.model_bytes, self.model_bytes)
+                        for n, st in pool.items() if st}
+            selected = self.oort.select(pool, asked, index, rng, expected)
+        else:
+            selected = select_clients(self.cfg.selection, pool, asked, rng, epochs=self.cfg.epochs,
+                                      down_bytes=self.model_bytes, up_bytes=self.model_bytes, **self.cfg.selection_params)
         statuses = {name: pool[name] for name in selected}
         if self.cfg.checkin:
             for name in selected:  # a client must check in (or report back) again to be chosen again
@@ -199,6 +207,9 @@ class ServerActor(Checkpointable):
             self.strategy.on_update(ClientUpdate(msg.src, state, delta, float(msg.body.get("samples", 1)), record))
             rnd.completed.append(msg.src)
             rnd.clients[msg.src] = {**record, "t_update": msg.t, "outcome": "ok"}
+            if self.oort is not None:
+                self.oort.feedback(msg.src, rnd.index, int(msg.body.get("samples", 1)), msg.body.get("loss_rms"),
+                                   msg.t - rnd.t_start)
             if msg.body.get("loss") is not None:
                 rnd.losses.append(float(msg.body["loss"]))
         enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round

@@ -29,6 +29,7 @@ class TrainingResult:
     loss: float  # mean loss of the last epoch
     lipschitz: float = 0.0
     samples_seen: int = 0  # samples of one epoch
+    loss_rms: float = 0.0  # root mean square of the per-sample losses of the last epoch (Oort's utility)
 
 
 def batches(indices: np.ndarray, cfg: LocalTraining, rng: np.random.Generator, fixed: np.ndarray | None):
@@ -49,13 +50,16 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
     estimate = LipschitzEstimate(cfg.lr) if cfg.estimate_lipschitz else None
     fixed = fixed_order if cfg.shuffle == "once" else None
     anchor = [p.detach().clone() for p in params] if cfg.prox_mu > 0 else None
-    last = 0.0
+    last = last_rms = 0.0
     for _ in range(cfg.epochs):
-        total, count = 0.0, 0
+        total, squares, count = 0.0, 0.0, 0
         for position, idx in enumerate(batches(indices, cfg, rng, fixed)):
             x, y = data.batch(torch.from_numpy(idx))
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
+            out = model(x)
+            loss = loss_fn(out, y)
+            with torch.no_grad():
+                squares += float((nn.functional.cross_entropy(out, y, reduction="none") ** 2).sum())
             objective = loss if anchor is None else loss + proximal_term(params, anchor, cfg.prox_mu)
             objective.backward()
             if estimate is not None:  # one flat copy serves the clip's norm and the estimate
@@ -68,8 +72,8 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
             opt.step()
             total += float(loss.detach()) * y.numel()
             count += y.numel()
-        last = total / max(count, 1)
-    return TrainingResult(last, estimate.value if estimate else 0.0, int(indices.size))
+        last, last_rms = total / max(count, 1), (squares / max(count, 1)) ** 0.5
+    return TrainingResult(last, estimate.value if estimate else 0.0, int(indices.size), last_rms)
 
 
 def proximal_term(params, anchor, mu: float) -> torch.Tensor:
