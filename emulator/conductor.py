@@ -101,6 +101,7 @@ def population_rows(world: World) -> list[dict]:
         "client": c.profile.name, "host": c.host, "device": c.device, "ms_per_sample": c.profile.ms_per_sample,
         "link": c.link_name, "up_mbps": c.link.up_bps / 1e6, "down_mbps": c.link.down_bps / 1e6,
         "latency_ms": c.link.latency_s * 1000, "samples": int(c.profile.indices.size),
+        **({"aggregator": c.profile.aggregator} if world.edges else {}),
     } for c in world.clients]
 
 
@@ -147,14 +148,16 @@ class Conductor:
         serverless = world.ring is not None
         if not serverless:
             links[SERVER] = world.server_link
-        peers = {CONDUCTOR: [], **({} if serverless else {SERVER: [SERVER]}),
+        edges = [e.name for e in world.edges]
+        links.update({e.name: e.link for e in world.edges})
+        peers = {CONDUCTOR: [], **({} if serverless else {SERVER: [SERVER, *edges]}),
                  **{name: [c.profile.name for c in world.clients if c.host == h] for h, name in enumerate(hosts)}}
         net_cfg = NetworkConfig(endpoint, peers, links, world.framing, me,
                                 world.faults, clock.speedup if clock.mode == "realtime" else None,
                                 devices={c.profile.name: c.spec for c in world.clients if c.spec is not None},
                                 seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of,
                                 tcp=world.tcp, group_queue_s=world.group_queue_s,
-                                starters=names if serverless else [SERVER], watchers=names if serverless else [SERVER],
+                                starters=names if serverless else [SERVER], watchers=names if serverless else [SERVER, *edges],
                                 peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world),
                                 checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,
                                 restore=str(restore / "network.pkl") if restore else None)
@@ -167,7 +170,8 @@ class Conductor:
             return [str(restore / f"{peer}.pkl") for peer, held in sorted(holders.items()) if set(held) & set(actors)]
         specs = [("network", "network", network_main, (net_cfg,))]
         if not serverless:
-            specs.append(("server", "server", server_main, (endpoint, world.server, names, world.task, 1, me, saved([SERVER]))))
+            specs.append(("server", "server", server_main, (endpoint, world.server, edges or names, world.task, 1, me,
+                                                             saved([SERVER]), world.edges)))
         client_cfg = world.ring if serverless else world.client
         if serverless:
             self.ring = RingRounds(names)
@@ -220,7 +224,8 @@ class Conductor:
                 saved = pickle.load(f)
             self.last_shortfall = saved["last_shortfall"]
             self.view.done = len(saved["writer"]["rows"])
-        writer = RunWriter(self.run_dir, self.resolved, population_rows(world), saved["writer"] if saved else None)
+        writer = RunWriter(self.run_dir, self.resolved, population_rows(world), saved["writer"] if saved else None,
+                           aggregators=[e.name for e in world.edges])
         if saved:
             writer.summary.setdefault("resumed", []).append({"from_round": len(writer.rows),
                                                              "emulated_time_s": writer.summary["checkpoint"]["emulated_time_s"]})
@@ -406,6 +411,8 @@ class Conductor:
         kind = body.get("type")
         if kind == "round":
             self._round_row(body, writer)
+        elif kind == "edge_round":
+            writer.edge_round(body)
         elif kind == "ring_round" and self.ring is not None:
             for rep in self.ring.add(body):
                 self._round_row(rep, writer)

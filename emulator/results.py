@@ -20,15 +20,20 @@ TRANSFER_FIELDS = ["id", "round", "kind", "src", "dst", "payload_bytes", "fp32_b
                    "t_start", "t_end", "outcome", "wasted_bytes"]
 ROUND_FIELDS = ["round", "t_start", "t_end", "duration_s", "wall_s", "selected", "completed", "failed", "rejected",
                 "payload_bytes_down", "payload_bytes_up", "payload_bytes_peer", "wire_bytes_down", "wire_bytes_up",
-                "wire_bytes_peer", "fp32_bytes_down", "fp32_bytes_up", "fp32_bytes_peer", "wasted_bytes", "bits_down",
+                "wire_bytes_peer", "fp32_bytes_down", "fp32_bytes_up", "fp32_bytes_peer", "payload_bytes_cloud",
+                "wire_bytes_cloud", "fp32_bytes_cloud", "wasted_bytes", "bits_down",
                 "bits_up_mean", "noise_scale_mean", "train_loss", "train_accuracy", "gamma", "timeouts", "staleness_mean",
                 "staleness_max", "accuracy", "test_loss"]
 CLIENT_FIELDS = ["round", "client", "outcome", "samples", "checkin_t", "battery", "charging", "cpu_load", "link", "selected_t",
                  "download_start", "download_end", "compute_start", "compute_end", "upload_start", "upload_end",
                  "gossip_start", "gossip_end",
                  "payload_bytes_down", "payload_bytes_up", "energy_j", "bits_down", "bits_up", "nu", "loss",
-                 "lipschitz", "sensitivity", "noise_scale", "update_norm", "staleness"]
+                 "lipschitz", "sensitivity", "noise_scale", "update_norm", "staleness", "aggregator", "edge_round"]
 DEVICE_FIELDS = ["t", "client", "event", "battery", "energy_j"]
+# topology hierarchical: one row per edge round (tier client: the edge and its clients) and per edge
+# and cloud round (tier cloud: the edge's exchange with the cloud)
+EDGE_FIELDS = ["round", "edge", "tier", "edge_round", "t_start", "t_end", "duration_s", "selected", "completed", "failed",
+               "rejected", "train_loss", "payload_bytes_down", "payload_bytes_up", "wire_bytes_down", "wire_bytes_up"]
 # why a selected client sent nothing, from what happened to its device during the round
 DROP_REASONS = {"battery": "dropped_battery", "offline": "dropped_offline", "link_down": "dropped_link_down"}
 
@@ -45,8 +50,10 @@ WRITER_STATE = ("device_events", "outcomes", "unassigned", "rows", "incidents", 
 
 
 class RunWriter:
-    def __init__(self, run_dir: Path, scenario: dict, population_rows: list[dict], resume: dict | None = None):
-        """resume: a checkpoint's writer state; the CSV files are cut back to their lengths then."""
+    def __init__(self, run_dir: Path, scenario: dict, population_rows: list[dict], resume: dict | None = None,
+                 aggregators: list[str] = ()):
+        """resume: a checkpoint's writer state; the CSV files are cut back to their lengths then.
+        aggregators: a hierarchy's edge aggregators (their rounds go to edges.csv)."""
         self.dir = run_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         if resume is None:
@@ -67,6 +74,13 @@ class RunWriter:
                 handle.flush()
             setattr(self, f"_{name}_file", handle)
             setattr(self, f"_{name}", writer)
+        self.aggregators = set(aggregators)
+        self.edge_reports: list[dict] = []  # edge rounds since the last cloud round
+        self._edges_file = self._edges = None
+        if self.aggregators:
+            self._edges_file = open(self.dir / "edges.csv", "w", newline="")
+            self._edges = csv.DictWriter(self._edges_file, fieldnames=EDGE_FIELDS)
+            self._edges.writeheader()
         self.device_events: dict[str, list[dict]] = defaultdict(list)
         self.outcomes: dict[str, int] = defaultdict(int)
         self.unassigned: list[dict] = []  # transfer records not yet counted in a round
@@ -114,19 +128,25 @@ class RunWriter:
         self.unassigned = [r for r in self.unassigned if not mine(r)]
         return taken
 
-    @staticmethod
-    def _sums(transfers: list[dict]) -> dict[str, int]:
+    def _direction(self, src: str, dst: str) -> str:
+        """cloud: between the cloud and an edge; down and up: from and to a client's server (the
+        server, or its edge); peer: between clients."""
+        servers = self.aggregators | {SERVER}
+        if src in servers and dst in servers:
+            return "cloud"
+        return "down" if src in servers else "up" if dst in servers else "peer"
+
+    def _sums(self, transfers: list[dict]) -> dict[str, int]:
         sums: dict[str, int] = defaultdict(int)
         for rec in transfers:
-            direction = "down" if rec["src"] == SERVER else "up" if rec["dst"] == SERVER else "peer"
+            direction = self._direction(rec["src"], rec["dst"])
             if rec["outcome"] == "ok":
                 for kind in ("payload", "wire", "fp32"):
                     sums[f"{kind}_bytes_{direction}"] += rec[f"{kind}_bytes"]
             sums["wasted_bytes"] += rec.get("wasted_bytes", 0)
         return sums
 
-    @staticmethod
-    def _client_timing(transfers: list[dict], round_index: int | None,
+    def _client_timing(self, transfers: list[dict], round_index: int | None,
                        timing: dict | None = None) -> dict[Any, dict[str, Any]]:
         """Download and upload times and bytes per client of round `round_index`; with None, per
         (round, client) of every round, added to `timing`."""
@@ -134,7 +154,8 @@ class RunWriter:
         for rec in transfers:
             if (round_index is not None and rec["round"] != round_index) or rec["kind"] not in ("task", "update"):
                 continue
-            phase, direction, client = ("download", "down", rec["dst"]) if rec["src"] == SERVER else ("upload", "up", rec["src"])
+            down = rec["src"] == SERVER or (rec["src"] in self.aggregators and rec["dst"] != SERVER)
+            phase, direction, client = ("download", "down", rec["dst"]) if down else ("upload", "up", rec["src"])
             entry = timing.setdefault(client if round_index is not None else (rec["round"], client), {})
             entry[f"{phase}_start"] = rec["t_start"]
             if rec["outcome"] == "ok":
@@ -151,7 +172,9 @@ class RunWriter:
     def round(self, rep: dict, wall_s: float) -> dict:
         taken = self._take_transfers(rep["t_end"], rep["round"] if rep.get("account") == "round" else None)
         sums = self._sums(taken)
-        if rep.get("account") == "dispatch":  # a client row is one dispatch, whose transfers may span steps
+        if self.aggregators:  # the cloud's clients are the edges; the client rows come from the edge rounds
+            clients, edge_rows = self._hierarchy_rows(rep, taken)
+        elif rep.get("account") == "dispatch":  # a client row is one dispatch, whose transfers may span steps
             self._client_timing(taken, None, self.dispatch_timing)
             clients = [self._client_row(rep, c, self.dispatch_timing.pop((c["dispatch"], c["client"]), {}))
                        for c in rep.get("clients", [])]
@@ -174,12 +197,64 @@ class RunWriter:
             "bits_up_mean": mean("bits_up"), "noise_scale_mean": mean("noise_scale"),
             **{f: sums.get(f, 0) for f in ROUND_FIELDS if "bytes" in f},
         }
+        if self.aggregators:  # a hierarchy's round counts its clients, not its edges
+            losses = [c["loss"] for c in ok if c.get("loss") is not None]
+            row.update(selected=len(clients), completed=len(ok), failed=len(clients) - len(ok),
+                       rejected=sum(e.get("rejected") or 0 for e in edge_rows if e["tier"] == "client"),
+                       train_loss=sum(losses) / len(losses) if losses else None)
+            self._edges.writerows(edge_rows)
+            self._edges_file.flush()
         self.rows.append(row)
         self._rounds.writerow(row)
         self._clients.writerows(clients)
         for f in (self._rounds_file, self._transfers_file, self._clients_file, self._devices_file):
             f.flush()
         return row
+
+    def edge_round(self, rep: dict) -> None:
+        """An edge round of a hierarchy: kept until the cloud round it belongs to is written."""
+        self.edge_reports.append(rep)
+
+    def _pair_bytes(self, transfers: list[dict], round_index: int, server: str, peer: str | None = None) -> dict[str, int]:
+        """Bytes in round `round_index` between `server` and `peer` (None: its clients): down from it, up to it."""
+        servers = self.aggregators | {SERVER}
+        out = {f"{kind}_bytes_{d}": 0 for kind in ("payload", "wire") for d in ("down", "up")}
+        for rec in transfers:
+            if rec["round"] != round_index or rec["outcome"] != "ok" or server not in (rec["src"], rec["dst"]):
+                continue
+            other = rec["dst"] if rec["src"] == server else rec["src"]
+            if (other != peer) if peer is not None else (other in servers):
+                continue
+            d = "down" if rec["src"] == server else "up"
+            out[f"payload_bytes_{d}"] += rec["payload_bytes"]
+            out[f"wire_bytes_{d}"] += rec["wire_bytes"]
+        return out
+
+    def _hierarchy_rows(self, rep: dict, taken: list[dict]) -> tuple[list[dict], list[dict]]:
+        """The client rows of every edge round of this cloud round, and the rows of edges.csv: one
+        per edge round (tier client) and one per edge's exchange with the cloud (tier cloud)."""
+        timing = self._client_timing(taken, None)
+        clients, edge_rows = [], []
+        reports, self.edge_reports = self.edge_reports, []
+        for er in reports:
+            for c in er.get("clients", []):
+                row = self._client_row(er, c, timing.get((er["round"], c["client"]), {}))
+                row.update(round=rep["round"], edge_round=er["round"], aggregator=er["edge"])
+                clients.append(row)
+            edge_rows.append({"round": rep["round"], "edge": er["edge"], "tier": "client", "edge_round": er["round"],
+                              "t_start": er["t_start"], "t_end": er["t_end"], "duration_s": er["t_end"] - er["t_start"],
+                              **{k: er.get(k) for k in ("selected", "completed", "failed", "train_loss", "rejected")},
+                              **self._pair_bytes(taken, er["round"], er["edge"])})
+        for c in rep.get("clients", []):
+            edge = c["client"]
+            t = timing.get((rep["round"], edge), {})
+            mine = self._pair_bytes(taken, rep["round"], SERVER, edge)
+            start, end = t.get("download_start"), t.get("upload_end")
+            edge_rows.append({"round": rep["round"], "edge": edge, "tier": "cloud", "t_start": start, "t_end": end,
+                              "duration_s": end - start if start is not None and end is not None else None,
+                              "selected": 1, "completed": int(c.get("outcome") == "ok"),
+                              "failed": int(c.get("outcome") != "ok"), **mine})
+        return clients, edge_rows
 
     def _client_row(self, rep: dict, reported: dict, timing: dict) -> dict:
         lost = timing.pop("lost", None)
@@ -213,8 +288,8 @@ class RunWriter:
         evaluated = [r for r in rows if r.get("accuracy") is not None]
         best = max(evaluated, key=lambda r: r["accuracy"], default=None)
         reached = next((r for r in evaluated if self.target and r["accuracy"] >= self.target), None)
-        fp32 = total("fp32_bytes_up") + total("fp32_bytes_down") + total("fp32_bytes_peer")
-        payload = total("payload_bytes_up") + total("payload_bytes_down") + total("payload_bytes_peer")
+        fp32 = total("fp32_bytes_up") + total("fp32_bytes_down") + total("fp32_bytes_peer") + total("fp32_bytes_cloud")
+        payload = total("payload_bytes_up") + total("payload_bytes_down") + total("payload_bytes_peer") + total("payload_bytes_cloud")
         self.summary.update({
             "status": status,
             "rounds_completed": len(rows),
@@ -228,6 +303,8 @@ class RunWriter:
             "payload_gib_down": total("payload_bytes_down") / GIB,
             "payload_gib_peer": total("payload_bytes_peer") / GIB,
             "payload_bytes_peer": total("payload_bytes_peer"),
+            "payload_bytes_cloud": total("payload_bytes_cloud"),
+            "wire_bytes_cloud": total("wire_bytes_cloud"),
             "wire_bytes_peer": total("wire_bytes_peer"),
             "wire_gib_up": total("wire_bytes_up") / GIB,
             "wire_gib_down": total("wire_bytes_down") / GIB,
@@ -251,8 +328,8 @@ class RunWriter:
         return self.summary
 
     def close(self) -> None:
-        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file):
-            if not f.closed:
+        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file):
+            if f is not None and not f.closed:
                 f.close()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -173,6 +173,18 @@ class ServerLink(Strict):
 class Server(Strict):
     link: ServerLink = Field(default_factory=ServerLink)
     aggregate_ms: float = Field(0.0, ge=0)
+
+
+class Hierarchy(Strict):
+    """topology: hierarchical (HierFAVG, Liu et al. 2020): clients -> their edge aggregator every
+    round, edges -> the cloud server every edge_rounds rounds."""
+    edges: Union[Literal["shared_links"], int] = Field(
+        "shared_links", description="shared_links: one edge aggregator per population.shared_links entry (a cell tower "
+                                    "or Wi-Fi site; its shared link becomes the edge's backhaul to the cloud); N: N edges, "
+                                    "client i on edge i mod N")
+    edge_rounds: int = Field(2, ge=1, description="k: client-edge rounds per edge-cloud round; `rounds` counts cloud rounds")
+    link: ServerLink = Field(default_factory=ServerLink, description="each edge aggregator's own access link")
+    codec: CodecSpec = Field(default_factory=lambda: CodecSpec(name="fp32"), description="edge <-> cloud, both ways")
 
 
 class OortSpec(Strict):
@@ -451,7 +463,10 @@ class Scenario(Strict):
     task: Task
     population: Population
     server: Server = Field(default_factory=Server)
-    topology: Literal["star", "ring"] = Field("star", description="star: a server; ring: serverless gossip between ring neighbours")
+    topology: Literal["star", "ring", "hierarchical"] = Field(
+        "star", description="star: a server; ring: serverless gossip between ring neighbours; hierarchical: clients -> edge "
+                            "aggregators -> a cloud server (see hierarchy)")
+    hierarchy: Optional[Hierarchy] = Field(None, description="topology hierarchical: its edges")
     selection: Selection = Field(default_factory=lambda: Selection(fraction=1.0))
     round: RoundPolicy = Field(default_factory=RoundPolicy)
     algorithm: Algorithm = Field(default_factory=Algorithm)
@@ -496,6 +511,30 @@ class Scenario(Strict):
         if self.population.availability.kind != "always" and self.round.timeout_s is None:
             raise ValueError(f"round.timeout_s: devices go offline here; {name} needs a per-client timeout to "
                              f"replace a client that never answers")
+        return self
+
+    @model_validator(mode="after")
+    def _hierarchy_fits(self):
+        if self.topology != "hierarchical":
+            if self.hierarchy is not None:
+                raise ValueError(f"hierarchy: applies to topology hierarchical, not {self.topology}")
+            return self
+        if self.hierarchy is None:
+            self.hierarchy = Hierarchy()
+        edges = self.hierarchy.edges
+        if edges == "shared_links" and not self.population.shared_links:
+            raise ValueError("hierarchy.edges: shared_links needs population.shared_links (one edge per entry), "
+                             "or give a number of edges")
+        if isinstance(edges, int) and not 1 <= edges <= self.population.clients:
+            raise ValueError(f"hierarchy.edges: between 1 and population.clients ({self.population.clients}), got {edges}")
+        name = self.algorithm.name
+        if name in RING_ALGORITHMS or strategy_class(name).asynchronous or strategy_class(name).message_kinds:
+            raise ValueError(f"algorithm.name: a hierarchy's edges run synchronous rounds of a one-phase strategy "
+                             f"(fedavg, fedprox, fedavgm), not {name}")
+        if self.algorithm.quantization.schedule != "static":
+            raise ValueError("algorithm.quantization.schedule: adaptive bit schedules follow a star's rounds; use static")
+        if self.run.checkpoint_every is not None:
+            raise ValueError("run.checkpoint_every: checkpoints are for star topologies")
         return self
 
     @model_validator(mode="after")

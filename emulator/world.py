@@ -2,6 +2,7 @@
 which samples they hold, and how they are spread over host processes. Pure and seeded."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -37,6 +38,17 @@ class ClientInfo:
 
 
 @dataclass
+class EdgeInfo:
+    """topology hierarchical: an edge aggregator, its clients, its access link, its rounds' configuration."""
+    name: str
+    clients: list[str]
+    link: Link
+    server: ServerConfig
+    edge_rounds: int
+    cloud_codec: object
+
+
+@dataclass
 class World:
     task: TaskSpec
     clients: list[ClientInfo]
@@ -53,6 +65,7 @@ class World:
     ring: RingConfig | None = None
     tcp: TcpParams | None = None  # None: the fluid transport
     group_queue_s: dict[str, float] = field(default_factory=dict)  # topology ring: the gossip configuration (no server process)
+    edges: list[EdgeInfo] = field(default_factory=list)  # topology hierarchical: the edge aggregators (server is the cloud)
 
 
 def mix_counts(shares: list[float], total: int) -> list[int]:
@@ -191,6 +204,10 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
                           fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy)
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
+    edges: list[EdgeInfo] = []
+    if sc.topology == "hierarchical":
+        edges = _edges(sc, clients, server, group_of)
+        server = _cloud_config(sc, server, edges)
     sl = sc.server.link
     return World(
         task=task, clients=clients,
@@ -198,8 +215,51 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
         faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
-        tcp=_tcp_params(sc), group_queue_s=group_queue_s,
+        tcp=_tcp_params(sc), group_queue_s=group_queue_s, edges=edges,
     )
+
+
+def _edges(sc: Scenario, clients: list[ClientInfo], server: ServerConfig, group_of: dict[str, list[str]]) -> list[EdgeInfo]:
+    """The edge aggregators and their clients. With edges from shared links, the site's shared link
+    carries the edge's traffic to the cloud instead of its clients' traffic to the edge (the
+    aggregator sits at the site); each client's updates go to its edge."""
+    h = sc.hierarchy
+    if h.edges == "shared_links":
+        names = [shared.name for shared in sc.population.shared_links]
+        members: dict[str, list[str]] = {name: [] for name in names}
+        for c in clients:
+            groups = group_of.pop(c.profile.name, [])
+            if not groups:
+                raise ScenarioError(f"hierarchy.edges: client {c.profile.name} (link mix {c.link_name!r}) is behind no "
+                                    f"population.shared_links entry, so it has no edge")
+            members[groups[0]].append(c.profile.name)
+        for name in names:
+            group_of[f"edge-{name}"] = [name]
+        members = {f"edge-{name}": m for name, m in members.items() if m}
+    else:
+        members = {f"edge{j}": [c.profile.name for c in clients if c.profile.index % h.edges == j] for j in range(h.edges)}
+    aggregator = {c: edge for edge, names in members.items() for c in names}
+    for c in clients:
+        c.profile.aggregator = aggregator[c.profile.name]
+    n = len(clients)
+    el = h.link
+    link = Link(mbps(el.up_mbps), mbps(el.down_mbps), el.latency_ms / 1000.0, queue_s=_queue_s(sc, el.queue_ms))
+    out = []
+    for j, (name, mine) in enumerate(members.items()):
+        cfg = dataclasses.replace(server, rounds=sc.rounds * h.edge_rounds, eval_every=0, checkpoint_every=None,
+                                  clients_per_round=max(1, round(server.clients_per_round * len(mine) / n)),
+                                  samples={c: server.samples[c] for c in mine}, seed=sc.seed + 7919 * (j + 1),
+                                  strategy=_strategy(sc))
+        out.append(EdgeInfo(name, mine, link, cfg, h.edge_rounds, h.codec.build()))
+    return out
+
+
+def _cloud_config(sc: Scenario, server: ServerConfig, edges: list[EdgeInfo]) -> ServerConfig:
+    """The cloud server of a hierarchy: every edge every cloud round, FedAvg weighted by the edges' data."""
+    return dataclasses.replace(
+        server, clients_per_round=len(edges), selection="random", selection_params={}, over_selection=1.0,
+        round_policy="all", round_timeout_s=None, checkin=False, min_clients=1, down_codec=edges[0].cloud_codec,
+        down_layers={}, samples={e.name: sum(e.server.samples.values()) for e in edges}, strategy=FedAvg())
 
 
 def _queue_s(sc: Scenario, queue_ms: float | None) -> float:

@@ -34,6 +34,7 @@ class ClientProfile:
     test_indices: np.ndarray | None = None  # its own test split, where the algorithm evaluates per client
     input_noise: float = 0.0  # std of the fixed Gaussian noise on its training inputs (feature skew)
     ms_per_batch: float = 0.0  # modelled fixed cost of one training step of its device
+    aggregator: str = "server"  # who it checks in with and sends its updates to (its edge, in a hierarchy)
 
     def duration(self, busy_s: float, t: float, device: dict | None) -> float:
         """Emulated seconds for busy_s of full-speed compute begun at t, under the device's background
@@ -135,7 +136,7 @@ class ClientActor(Checkpointable):
             if self.feedback:  # the OS ended the app while the device was away: its memory is gone
                 self.feedback.reset()
             if self.cfg.checkin:
-                return Reaction(sends=[Send("server", "checkin", -1, self.status(msg))])
+                return Reaction(sends=[Send(self.profile.aggregator, "checkin", -1, self.status(msg))])
             return Reaction()
         if msg.kind == "task":
             return self._send_statistics(msg) if self.cfg.fedalign else self._train(msg, msg)
@@ -212,7 +213,7 @@ class ClientActor(Checkpointable):
                     encoded = encode_state(delta, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
             else:
                 encoded = encode_state(new_state, codec, rng, codec_for=self.cfg.up_layers)
-            update = Send("server", "update", task.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
+            update = Send(self.profile.aggregator, "update", task.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
 
             def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before
                 if generation != self.generation:
@@ -257,7 +258,7 @@ class ClientActor(Checkpointable):
         if stats.sigma > 0:
             release = accounting.gaussian_release("statistics", stats.sigma, stats.sensitivity, fa.stat_epsilon, fa.stat_delta)
             reports.append(self._released(task.round, release))
-        return Reaction(sends=[Send("server", "stats", task.round, {"samples": int(self.profile.indices.size)},
+        return Reaction(sends=[Send(self.profile.aggregator, "stats", task.round, {"samples": int(self.profile.indices.size)},
                                     encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], reports=reports)
 
     def _released(self, round_: int, release: accounting.Release) -> dict:

@@ -7,6 +7,7 @@ import torch
 from .lifecycle import detach_from_terminal_signals
 from .async_server import AsyncServer
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
+from .edge import EdgeServer
 from .ring import Evaluator, RingClientActor, RingConfig
 from .runtime import Runtime
 from .server import ServerActor, ServerConfig
@@ -27,8 +28,11 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
 
 
 def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task: TaskSpec, threads: int,
-                parent_pid: int, restore: list[str] | None = None) -> None:
+                parent_pid: int, restore: list[str] | None = None, edges: list | None = None) -> None:
+    """The server process: the server actor, and in a hierarchy the cloud (whose clients are the
+    edges) with the edge aggregators, each an actor with its own link."""
     detach_from_terminal_signals(parent_pid, "server")
     torch.set_num_threads(threads)
     server = (AsyncServer if cfg.strategy.asynchronous else ServerActor)(cfg, client_names, task)
-    Runtime("server", endpoint, [server], parent_pid, restore).run()
+    aggregators = [EdgeServer(e.name, e.server, e.clients, task, e.edge_rounds, e.cloud_codec) for e in edges or []]
+    Runtime("server", endpoint, [server, *aggregators], parent_pid, restore).run()

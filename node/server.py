@@ -262,22 +262,24 @@ class ServerActor(Checkpointable):
             def advance() -> Reaction:
                 self.global_state = new_state
                 report = self._report(rnd, t_end)
-                last = rnd.index + 1 >= self.cfg.rounds
-                every = self.cfg.checkpoint_every
-                if last:
-                    reaction = Reaction(halt=True)
-                elif every and (rnd.index + 1) % every == 0:
-                    # the next round begins at the same instant, after the checkpoint
-                    reaction = Reaction(timers=[(t_end, f"begin:{rnd.index + 1}")], checkpoint=rnd.index)
-                else:
-                    reaction = self._begin(rnd.index + 1, t_end)
-                finished = {"type": "finished", "t": t_end, "rounds_with_clients": self.rounds_with_clients}
-                reaction.reports[:0] = [report] + ([finished] if last else [])
+                reaction = self._after_round(rnd.index, t_end)
+                reaction.reports.insert(0, report)
                 return reaction
 
             return advance
 
         return Reaction(work_s=self.cfg.aggregate_s, work=work)
+
+    def _after_round(self, index: int, t_end: float) -> Reaction:
+        """What follows round `index`, with the new model in place: the next round, a checkpoint
+        first, or the end of the run."""
+        every = self.cfg.checkpoint_every
+        if index + 1 >= self.cfg.rounds:
+            return Reaction(halt=True, reports=[{"type": "finished", "t": t_end, "rounds_with_clients": self.rounds_with_clients}])
+        if every and (index + 1) % every == 0:
+            # the next round begins at the same instant, after the checkpoint
+            return Reaction(timers=[(t_end, f"begin:{index + 1}")], checkpoint=index)
+        return self._begin(index + 1, t_end)
 
     def _report(self, rnd: RoundState, t_end: float):
         base: dict[str, Any] = {
