@@ -73,7 +73,7 @@ def time_to(rounds: list[dict], target: float | None) -> float | None:
 
 def compare(run_dirs: list[Path], target: float | None = None) -> list[dict[str, Any]]:
     runs = [load_run(Path(d)) for d in run_dirs]
-    payload = {id(r): sum(r["summary"].get(f"payload_bytes_{d}", 0) for d in ("up", "down", "peer")) for r in runs}
+    payload = {id(r): sum(r["summary"].get(f"payload_bytes_{d}", 0) for d in ("up", "down", "peer", "cloud")) for r in runs}
     mixed = len({algorithm_of(r["scenario"]) for r in runs}) > 1
     # Saving against an fp32 run only among runs of one algorithm; across algorithms, each run's
     # saving is against fp32 of its own tensors.
@@ -91,7 +91,7 @@ def compare(run_dirs: list[Path], target: float | None = None) -> list[dict[str,
             "best_accuracy": s.get("best_accuracy"), "final_accuracy": s.get("final_accuracy"),
             "payload_gib": payload[id(r)] / GIB, "saving_vs_fp32": saving,
             "emulated_time_s": s.get("emulated_time_s"), "time_to_target_s": time_to(r["rounds"], goal),
-            "target": goal, "wire_gib": sum(s.get(f"wire_bytes_{d}", 0) for d in ("up", "down", "peer")) / GIB,
+            "target": goal, "wire_gib": sum(s.get(f"wire_bytes_{d}", 0) for d in ("up", "down", "peer", "cloud")) / GIB,
             "wall_time_s": s.get("wall_time_s"),
         })
     return rows
