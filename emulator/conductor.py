@@ -445,6 +445,8 @@ class Conductor:
         elif kind == "refused_messages":
             writer.summary["refused_messages"] = {k: body.get(k) for k in ("total", "by_peer", "banned")}
         elif kind == "finished":
+            if body.get("channels"):  # what the server's channels sent, by their own count
+                writer.summary["channels"] = body["channels"]
             return True
         return False
 

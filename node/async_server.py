@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codecs import CodecError, decode_state, encode_state
+from protocol.codecs import CodecError, decode_state
 from .actor import Message, Reaction, Send
 from .server import CLIENT_FIELDS, ServerActor
 from .strategies import ClientUpdate
@@ -71,9 +71,10 @@ class AsyncServer(ServerActor):
             if not self.inflight and not self.cfg.checkin:  # every client is lost: nothing can happen any more
                 return self._finish(t, "no client left to dispatch")
             return Reaction()
-        encoded = encode_state(self.global_state, self.cfg.down_codec, rng, codec_for=self.cfg.down_layers)
+        out = self.downlink.encode(self.global_state, rng, bits=self.downlink.bits(self.version))
+        encoded = out.encoded
         body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr,
-                "bits": getattr(self.cfg.down_codec, "bits", None), "n_max": self.n_max, "version": self.version}
+                "bits": out.bits, "n_max": self.n_max, "version": self.version}
         sends, timers = [], []
         for name in chosen:
             d = Dispatch(self.dispatches, self.version, t, pool[name])
@@ -82,6 +83,7 @@ class AsyncServer(ServerActor):
             if self.cfg.checkin:
                 self.pool.pop(name, None)  # it must check in (or report back) again to be chosen again
             sends.append(Send(name, "task", d.id, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes))
+            out.commit()
             if self.cfg.round_timeout_s:
                 timers.append((t + self.cfg.round_timeout_s, f"timeout:{d.id}"))
         self.dispatched += len(chosen)
@@ -183,7 +185,4 @@ class AsyncServer(ServerActor):
         self.finished = True
         if report is None and (self.concluded or self.dispatched):
             report = self._step_report(t)
-        finished = {"type": "finished", "t": t, "rounds_with_clients": self.rounds_with_clients}
-        if why:
-            finished["reason"] = why
-        return Reaction(halt=True, reports=([report] if report is not None else []) + [finished])
+        return Reaction(halt=True, reports=([report] if report is not None else []) + [self._finished(t, why)])

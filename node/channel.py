@@ -46,14 +46,16 @@ class Outgoing:
 
 class Channel:
     def __init__(self, codec: Codec, *, layers: Mapping[str, Codec] | None = None, schedule: BitSchedule | None = None,
-                 side: str = "server", error_feedback: bool = False):
-        """side: server (the schedule's b_t) or client (b_t scaled by the client's importance nu)."""
+                 side: str = "server", feedback: ErrorFeedback | None = None, stats: ChannelStats | None = None):
+        """side: server (the schedule's b_t) or client (b_t scaled by the client's importance nu).
+        feedback: the sender's error-feedback memory, if it keeps one; stats: where to count (the
+        sender's, when it rebuilds its channel)."""
         self.codec = codec
         self.layers = dict(layers or {})
         self.schedule = schedule or BitSchedule()
         self.side = side
-        self.feedback = ErrorFeedback() if error_feedback else None
-        self.stats = ChannelStats()
+        self.feedback = feedback
+        self.stats = stats if stats is not None else ChannelStats()
 
     @property
     def carries_delta(self) -> bool:
@@ -95,8 +97,3 @@ class Channel:
                 self.stats.bits.append(int(bits))
 
         return Outgoing(encoded, bits, commit)
-
-    def reset(self) -> None:
-        """The sender lost its memory (the app was killed while the device was away)."""
-        if self.feedback is not None:
-            self.feedback.reset()

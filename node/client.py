@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
+from .channel import Channel, ChannelStats
 from . import accounting, fedalign
 from .actor import Checkpointable, Message, Reaction, Send
 from .compute import LoadModel, full_speed_seconds, loaded_duration
@@ -120,11 +121,19 @@ class ClientActor(Checkpointable):
         self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(self.indices)
         self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
         self.feedback = ErrorFeedback() if cfg.error_feedback else None
+        self.up_stats = ChannelStats()
 
     def _reject(self, msg: Message, error: str) -> Reaction:
         self.rejected += 1
         print(f"[{self.name}] rejected task of round {msg.round}: {error}", file=sys.stderr)
         return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": error}])
+
+    def upload_channel(self) -> Channel:
+        """The upload channel of the configuration in force; the error-feedback memory and the
+        statistics are the client's and outlive it."""
+        c = self.cfg
+        return Channel(c.up_codec, layers=c.up_layers, schedule=c.schedule, side="client", feedback=self.feedback,
+                       stats=self.up_stats)
 
     def status(self, msg: Message) -> dict:
         """What this client tells the server about itself: its device state plus its data size and speed."""
@@ -161,16 +170,13 @@ class ClientActor(Checkpointable):
         if self.cfg.schedule.kind == "dynamic":
             nu = importance(self.labels, self.data.classes, samples, int(body.get("n_max", samples)),
                             self.cfg.lambda_h)
-        codec = self.cfg.up_codec
-        bits = getattr(codec, "bits", None)
-        if self.cfg.schedule.adaptive:
-            bits = self.cfg.schedule.client_bits(task.round, bits, nu)
-            codec = codec.with_bits(bits)
+        up = self.upload_channel()
+        bits = up.bits(task.round, nu)
 
         generation = self.generation
 
         def work():
-            residual = release = None
+            release = None
             if generation != self.generation:
                 return Reaction()  # the device went off and on while this task waited: it died with it
             # Decoded only now: a host may hold tasks for dozens of clients waiting their turn, and the
@@ -203,23 +209,16 @@ class ClientActor(Checkpointable):
                 info.update(noise_scale=update.noise_scale, update_norm=update.norm)
                 if update.noise_scale > 0:
                     release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
-                encoded = encode_state(update.delta, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
-            elif (self.feedback or codec.encodes_delta or self.cfg.strategy.uploads_delta
-                  or any(c.encodes_delta for c in self.cfg.up_layers.values())):
-                delta = {k: new_state[k] - state[k] for k in new_state}
-                if self.feedback:
-                    encoded, residual = self.feedback.compress(delta, codec, rng, self.cfg.up_layers)
-                else:
-                    encoded = encode_state(delta, codec, rng, basis="delta", codec_for=self.cfg.up_layers)
+                out = up.encode(update.delta, rng, bits=bits, is_delta=True)
             else:
-                encoded = encode_state(new_state, codec, rng, codec_for=self.cfg.up_layers)
+                out = up.encode(new_state, rng, bits=bits, reference=state, delta=self.cfg.strategy.uploads_delta)
+            encoded = out.encoded
             update = Send(self.profile.aggregator, "update", task.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
 
             def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before
                 if generation != self.generation:
                     return Reaction()  # the device went off and on meanwhile: this work died with it
-                if self.feedback:
-                    self.feedback.residual = residual
+                out.commit()
                 return Reaction(sends=[update], reports=[self._released(task.round, release)] if release else [])
 
             return deliver

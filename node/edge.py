@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codecs import Codec, CodecError, decode_state, encode_state
+from protocol.codecs import Codec, CodecError, decode_state
 from .actor import Message, Reaction, Send
+from .channel import Channel
 from .server import ServerActor
 
 CLOUD = "server"
@@ -21,7 +22,7 @@ class EdgeServer(ServerActor):
         super().__init__(cfg, clients, task)
         self.name = name
         self.edge_rounds = edge_rounds
-        self.cloud_codec = cloud_codec
+        self.to_cloud = Channel(cloud_codec)
         self.cloud_round = -1
         self.weight = float(sum(cfg.samples.get(c, 0) for c in clients))  # |D_e|
 
@@ -48,7 +49,9 @@ class EdgeServer(ServerActor):
         if (index + 1) % self.edge_rounds:
             return self._begin(index + 1, t_end)
         rng = np.random.default_rng([self.cfg.seed, self.cloud_round, 0xED])
-        encoded = encode_state(self.global_state, self.cloud_codec, rng)
+        out = self.to_cloud.encode(self.global_state, rng)
+        out.commit()
+        encoded = out.encoded
         return Reaction(sends=[Send(CLOUD, "update", self.cloud_round, {"samples": self.weight},
                                     encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)])
 

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocol.codecs import Codec, CodecError, decode_state, encode_state, make_codec
+from protocol.codecs import Codec, CodecError, decode_state, make_codec
+from .channel import Channel
 from . import firma
 from .actor import Message, Reaction, Send
 from .client import ClientProfile, TaskSpec
@@ -95,6 +96,7 @@ class RingClientActor:
         self.data, self.indices = profile.training_data(task.train, cfg.seed)
         self.spec = state_spec(self.model)
         self.shared_keys = [k for k in self.spec if not k.startswith(cfg.private_prefix)]
+        self.channel = Channel(cfg.codec)  # gossip carries weights (validation refuses delta codecs here)
         self.shared_spec = {k: self.spec[k] for k in self.shared_keys}
         named = dict(self.model.named_parameters())
         head = [p for k, p in named.items() if k.startswith(cfg.private_prefix)]
@@ -180,13 +182,18 @@ class RingClientActor:
         """A message that does not decode is an incident of the run; the client goes on without it."""
         return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": error}])
 
+    def _encode(self, state, rng):
+        out = self.channel.encode(state, rng)
+        out.commit()
+        return out.encoded
+
     # ---- gossip ------------------------------------------------------------------------------
     def _send_pass(self, k: int, t: float) -> Reaction:
         self.phase, self.pass_index = "gossip", k
         state = state_to_numpy(self.model)
         shared = {key: state[key] for key in self.shared_keys}
         rng = np.random.default_rng([self.cfg.seed, self.round, self.profile.index, k])
-        encoded = encode_state(shared, self.cfg.codec, rng)
+        encoded = self._encode(shared, rng)
         targets = [n for n in dict.fromkeys([self.left, self.right]) if n not in self.lost]
         sends = [Send(targets, "gossip", self.round, {"pass": k, "acc": self.accuracy}, encoded.frames,
                       encoded.payload_bytes, encoded.fp32_bytes)] if targets else []
@@ -261,7 +268,7 @@ class RingClientActor:
         wait = None if timeout is None else timeout * (1 + (len(self.cfg.order) - 1) / 2)
         timers = [(t + wait, f"warmup:{self.round}")] if wait is not None else []
         rng = np.random.default_rng([self.cfg.seed, self.round, self.profile.index, 0])
-        encoded = encode_state(state, self.cfg.codec, rng)
+        encoded = self._encode(state, rng)
         return Reaction(sends=[Send(self.cfg.aggregator, "warmup_update", self.round, {"samples": samples},
                                     encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], timers=timers)
 
@@ -288,7 +295,7 @@ class RingClientActor:
         load_numpy_state(self.model, state)
         others = [n for n in self.cfg.order if n != self.name and n not in self.lost]
         rng = np.random.default_rng([self.cfg.seed, index, self.profile.index, 1])
-        encoded = encode_state(state, self.cfg.codec, rng)
+        encoded = self._encode(state, rng)
         reaction = self._finish(t, None)
         if others:
             reaction.sends.insert(0, Send(others, "warmup_model", index, {}, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes))

@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codecs import Codec, CodecError, decode_state, encode_state
+from protocol.codecs import Codec, CodecError, decode_state
 from .actor import Checkpointable, Message, Reaction, Send
 from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule
 from .strategies import ClientUpdate, RoundControl, Strategy
 from .strategies.fedavg import FedAvg
+from .channel import Channel
 from .oort import OortParams, OortSelector
 from .strategy import eligible, expected_seconds, select_clients, shortfall
 from .training import accuracy_on, evaluate
@@ -90,6 +91,7 @@ class ServerActor(Checkpointable):
         self.short_since: float | None = None  # when the current round began waiting for eligible clients
         self.rounds_with_clients = 0
         self.oort = OortSelector(cfg.oort) if cfg.selection == "oort" else None
+        self.downlink = Channel(cfg.down_codec, layers=cfg.down_layers, schedule=cfg.schedule, side="server")
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
 
     @property
@@ -163,13 +165,10 @@ class ServerActor(Checkpointable):
         if not selected:
             return self._close(t)
         self.rounds_with_clients += 1
-        codec = self.cfg.down_codec
-        bits = getattr(codec, "bits", None)
-        if self.cfg.schedule.adaptive:
-            bits = self.cfg.schedule.server_bits(index, bits)
-            codec = codec.with_bits(bits)
-        self.round.bits_down = bits
-        encoded = encode_state(self.global_state, codec, rng, codec_for=self.cfg.down_layers)
+        bits = self.round.bits_down = self.downlink.bits(index)
+        out = self.downlink.encode(self.global_state, rng, bits=bits)
+        out.commit()
+        encoded = out.encoded
         n_max = max((self.cfg.samples.get(c, 0) for c in selected), default=0)
         body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr,
                 "bits": bits, "n_max": n_max, **self.strategy.configure_round(self._control(self.round), self.global_state)}
@@ -270,12 +269,17 @@ class ServerActor(Checkpointable):
 
         return Reaction(work_s=self.cfg.aggregate_s, work=work)
 
+    def _finished(self, t: float, why: str | None = None) -> dict[str, Any]:
+        finished = {"type": "finished", "t": t, "rounds_with_clients": self.rounds_with_clients,
+                    "channels": {"server_down": self.downlink.stats.as_dict()}}
+        return {**finished, "reason": why} if why else finished
+
     def _after_round(self, index: int, t_end: float) -> Reaction:
         """What follows round `index`, with the new model in place: the next round, a checkpoint
         first, or the end of the run."""
         every = self.cfg.checkpoint_every
         if index + 1 >= self.cfg.rounds:
-            return Reaction(halt=True, reports=[{"type": "finished", "t": t_end, "rounds_with_clients": self.rounds_with_clients}])
+            return Reaction(halt=True, reports=[self._finished(t_end)])
         if every and (index + 1) % every == 0:
             # the next round begins at the same instant, after the checkpoint
             return Reaction(timers=[(t_end, f"begin:{index + 1}")], checkpoint=index)
