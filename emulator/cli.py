@@ -71,7 +71,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: boo
     _stop_on_signals()
     try:
         sc, resolved = load_scenario(scenario, list(overrides))
-        view = make_view(_view_mode(quiet, json_progress, plain), sc.rounds, sc.topology == "ring", sc.clock.mode == "realtime")
+        view = make_view(_view_mode(quiet, json_progress, plain), sc.rounds, _peer_traffic(sc), sc.clock.mode == "realtime")
         summary = run_scenario(sc, resolved, out, view)
     except ScenarioError as exc:
         _fail(scenario, exc)
@@ -93,7 +93,7 @@ def resume(run_dir: Path, quiet: bool, json_progress: bool, plain: bool) -> None
     _stop_on_signals()
     mode = _view_mode(quiet, json_progress, plain)
     try:
-        summary = resume_run(run_dir, lambda sc: make_view(mode, sc.rounds, sc.topology == "ring", False))
+        summary = resume_run(run_dir, lambda sc: make_view(mode, sc.rounds, _peer_traffic(sc), False))
     except ResumeError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -102,11 +102,16 @@ def resume(run_dir: Path, quiet: bool, json_progress: bool, plain: bool) -> None
     _finish(summary, json_progress)
 
 
+def _peer_traffic(sc) -> bool:
+    from .topology import TOPOLOGIES
+    return TOPOLOGIES[sc.topology].peer_traffic
+
+
 def _finish(summary: dict, json_progress: bool) -> None:
     """The outcome in words (and as JSON with --json-progress), the plots, the exit code."""
     from .conductor import exit_code
 
-    traffic = (f"payload peer-to-peer {summary['payload_gib_peer']:.4f} GiB" if summary.get("topology") == "ring" else
+    traffic = (f"payload peer-to-peer {summary['payload_gib_peer']:.4f} GiB" if summary.get("payload_bytes_peer") else
                f"payload up {summary['payload_gib_up']:.4f} GiB down {summary['payload_gib_down']:.4f} GiB")
     if json_progress:  # stdout stays one JSON object per line; the words go to stderr
         keep = ("status", "reason", "rounds_completed", "emulated_time_s", "wall_time_s", "best_accuracy", "payload_gib_up",

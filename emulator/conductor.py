@@ -22,6 +22,7 @@ import zmq
 from node.processes import host_main, server_main
 from protocol import envelope
 from .network import CONDUCTOR, SERVER, NetworkConfig, network_main
+from .topology import TOPOLOGIES, topology_of
 from .progress import View
 from .results import RingRounds, RunWriter
 from .scenario import Scenario
@@ -127,37 +128,31 @@ class Conductor:
         self.sc = sc
         self.resolved = resolved
         self.run_dir = run_dir
-        self.view = view or View(sc.rounds, sc.topology == "ring")
+        self.view = view or View(sc.rounds, TOPOLOGIES[sc.topology].peer_traffic)
         self.children: list[Child] = []
         self.t0 = time.monotonic()
         self.peak_rss = 0
         self.peak_pss = 0
         self.startup_s: float | None = None
         self.host_clients: dict[str, list[str]] = {}
-        self.ring: RingRounds | None = None
+        self.ring: RingRounds | None = None  # round rows assembled from the clients' reports (serverless topologies)
         self.last_shortfall: dict[str, Any] | None = None
 
     # ---- processes -----------------------------------------------------------------------------
     def _spawn(self, world: World, endpoint: str, restore: Path | None = None) -> None:
         ctx = mp.get_context("fork")  # node processes inherit the imported modules and the loaded data
         me = os.getpid()
-        links = {c.profile.name: c.link for c in world.clients}
-        names = [c.profile.name for c in world.clients]
+        topo = self.topology = topology_of(self.sc.topology, world)
         hosts = [f"host{h}" for h in range(world.hosts)]
         clock = self.sc.clock
-        serverless = world.ring is not None
-        if not serverless:
-            links[SERVER] = world.server_link
-        edges = [e.name for e in world.edges]
-        links.update({e.name: e.link for e in world.edges})
-        peers = {CONDUCTOR: [], **({} if serverless else {SERVER: [SERVER, *edges]}),
+        peers = {CONDUCTOR: [], **({SERVER: topo.server_actors()} if topo.server_actors() else {}),
                  **{name: [c.profile.name for c in world.clients if c.host == h] for h, name in enumerate(hosts)}}
-        net_cfg = NetworkConfig(endpoint, peers, links, world.framing, me,
+        net_cfg = NetworkConfig(endpoint, peers, topo.links(), world.framing, me,
                                 world.faults, clock.speedup if clock.mode == "realtime" else None,
                                 devices={c.profile.name: c.spec for c in world.clients if c.spec is not None},
                                 seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of,
                                 tcp=world.tcp, group_queue_s=world.group_queue_s,
-                                starters=names if serverless else [SERVER], watchers=names if serverless else [SERVER, *edges],
+                                starters=topo.starters(), watchers=topo.watchers(),
                                 peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world),
                                 checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,
                                 restore=str(restore / "network.pkl") if restore else None)
@@ -169,12 +164,11 @@ class Conductor:
                 return None
             return [str(restore / f"{peer}.pkl") for peer, held in sorted(holders.items()) if set(held) & set(actors)]
         specs = [("network", "network", network_main, (net_cfg,))]
-        if not serverless:
-            specs.append(("server", "server", server_main, (endpoint, world.server, edges or names, world.task, 1, me,
-                                                             saved([SERVER]), world.edges)))
-        client_cfg = world.ring if serverless else world.client
-        if serverless:
-            self.ring = RingRounds(names)
+        server = topo.server_process(endpoint, me, saved)
+        if server is not None:
+            specs.append(server)
+        client_cfg = topo.host_config()
+        self.ring = topo.client_rounds()
         for h, name in enumerate(hosts):
             profiles = [c.profile for c in world.clients if c.host == h]
             self.host_clients[name] = [p.name for p in profiles]
@@ -224,8 +218,9 @@ class Conductor:
                 saved = pickle.load(f)
             self.last_shortfall = saved["last_shortfall"]
             self.view.done = len(saved["writer"]["rows"])
+        topo = topology_of(self.sc.topology, world)
         writer = RunWriter(self.run_dir, self.resolved, population_rows(world), saved["writer"] if saved else None,
-                           aggregators=[e.name for e in world.edges])
+                           **topo.writer_options())
         if saved:
             writer.summary.setdefault("resumed", []).append({"from_round": len(writer.rows),
                                                              "emulated_time_s": writer.summary["checkpoint"]["emulated_time_s"]})
@@ -233,12 +228,7 @@ class Conductor:
         writer.summary["privacy"] = {"mechanism": p.mechanism, "epsilon": None if p.epsilon == float("inf") else p.epsilon,
                                      "delta": p.delta, "clip": p.clip, "noise_factor_c_T": p.factor}
         writer.summary["topology"] = self.sc.topology
-        if world.ring is not None:
-            r = world.ring
-            writer.summary["ring"] = {"variant": r.variant, "order": r.order, "passes": r.passes, "warmup_rounds": r.warmup,
-                                      "warmup_aggregator": r.aggregator if r.warmup else None}
-        else:
-            writer.summary["clients_per_round"] = world.server.clients_per_round
+        writer.summary.update(topo.summary())
         clock = self.sc.clock
         writer.summary["clock"] = {"mode": clock.mode, **({"speedup": clock.speedup, "lag_bound_s": clock.lag_bound_s}
                                                            if clock.mode == "realtime" else {})}

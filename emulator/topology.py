@@ -1,0 +1,128 @@
+"""How a run's actors are wired, one class per topology (after Mininet's Topo): which actors
+exist besides the clients and where they run, their links, who starts the clock and who hears
+of lost hosts, what the client hosts run, how round rows are assembled, and what summary.json
+says of it. The conductor and the CLI ask the topology and never branch on its name; the world
+builder (emulator/world.py) builds each topology's own parts (the ring's order, the edges)."""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+from node.processes import server_main
+from .network import SERVER, Link
+from .results import RingRounds
+from .world import World
+
+SavedFiles = Callable[[list[str]], "list[str] | None"]  # actors -> the checkpoint files that hold them
+
+
+class Topology:
+    name: ClassVar[str] = ""
+    peer_traffic: ClassVar[bool] = False  # rounds move bytes between clients (what the progress line shows)
+
+    def __init__(self, world: World):
+        self.world = world
+
+    @property
+    def client_names(self) -> list[str]:
+        return [c.profile.name for c in self.world.clients]
+
+    def server_actors(self) -> list[str]:
+        """The non-client actors, all in the server process."""
+        return [SERVER]
+
+    def links(self) -> dict[str, Link]:
+        return {**{c.profile.name: c.link for c in self.world.clients}, SERVER: self.world.server_link}
+
+    def starters(self) -> list[str]:
+        """Who gets `start` at t = 0."""
+        return [SERVER]
+
+    def watchers(self) -> list[str]:
+        """Who learns that a host is lost."""
+        return self.server_actors()
+
+    def server_process(self, endpoint: str, parent_pid: int, saved: SavedFiles) -> tuple | None:
+        """(name, role, target, args) of the server process, or None."""
+        w = self.world
+        return ("server", "server", server_main, (endpoint, w.server, self.client_names, w.task, 1, parent_pid, saved([SERVER])))
+
+    def host_config(self):
+        """What every client host runs its clients with."""
+        return self.world.client
+
+    def client_rounds(self) -> RingRounds | None:
+        """An assembler of round rows from the clients' own reports, where no server sees a round end."""
+        return None
+
+    def writer_options(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        return {"clients_per_round": self.world.server.clients_per_round}
+
+
+class Star(Topology):
+    name = "star"
+
+
+class Ring(Topology):
+    """Serverless gossip between ring neighbours: every client starts itself and watches its peers."""
+    name = "ring"
+    peer_traffic = True
+
+    def server_actors(self) -> list[str]:
+        return []
+
+    def links(self) -> dict[str, Link]:
+        return {c.profile.name: c.link for c in self.world.clients}
+
+    def starters(self) -> list[str]:
+        return self.client_names
+
+    def watchers(self) -> list[str]:
+        return self.client_names
+
+    def server_process(self, endpoint, parent_pid, saved):
+        return None
+
+    def host_config(self):
+        return self.world.ring
+
+    def client_rounds(self) -> RingRounds:
+        return RingRounds(self.client_names)
+
+    def summary(self) -> dict[str, Any]:
+        r = self.world.ring
+        return {"ring": {"variant": r.variant, "order": r.order, "passes": r.passes, "warmup_rounds": r.warmup,
+                         "warmup_aggregator": r.aggregator if r.warmup else None}}
+
+
+class Hierarchical(Topology):
+    """A cloud server whose clients are edge aggregators, each with its own link and clients."""
+    name = "hierarchical"
+
+    def server_actors(self) -> list[str]:
+        return [SERVER, *(e.name for e in self.world.edges)]
+
+    def links(self) -> dict[str, Link]:
+        return {**super().links(), **{e.name: e.link for e in self.world.edges}}
+
+    def server_process(self, endpoint, parent_pid, saved):
+        w = self.world
+        return ("server", "server", server_main, (endpoint, w.server, [e.name for e in w.edges], w.task, 1, parent_pid,
+                                                  saved([SERVER]), w.edges))
+
+    def writer_options(self) -> dict[str, Any]:
+        return {"aggregators": [e.name for e in self.world.edges]}
+
+    def summary(self) -> dict[str, Any]:
+        return {"clients_per_round": sum(e.server.clients_per_round for e in self.world.edges),
+                "edges": {e.name: {"clients": len(e.clients), "per_round": e.server.clients_per_round}
+                          for e in self.world.edges}, "edge_rounds": self.world.edges[0].edge_rounds}
+
+
+TOPOLOGIES: dict[str, type[Topology]] = {cls.name: cls for cls in (Star, Ring, Hierarchical)}
+
+
+def topology_of(name: str, world: World) -> Topology:
+    return TOPOLOGIES[name](world)
