@@ -10,7 +10,8 @@ import numpy as np
 
 from node import data as datasets
 from node import firma
-from node.client import ClientConfig, ClientProfile, Privacy, TaskSpec
+from node.client import ClientConfig, ClientProfile, TaskSpec
+from node.stages import Privacy
 from node.models import PRIVATE_PREFIX, training_flops
 from node.oort import OortParams
 from node.ring import RingConfig

@@ -5,7 +5,6 @@ add noise to the weights, quantize, upload."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field
 
@@ -19,8 +18,8 @@ from .actor import Checkpointable, Message, Reaction, Send
 from .compute import LoadModel, full_speed_seconds, loaded_duration
 from .data import Dataset, with_input_noise
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
-from .privacy import add_noise, noise_scale, sensitivity
 from .schedule import BitSchedule, importance
+from .stages import LocalDP, Privacy
 from .strategies import Strategy
 from .strategies.fedavg import FedAvg
 from .training import LocalTraining, TrainingResult, train_local
@@ -58,19 +57,6 @@ class TaskSpec:
 
     def build(self) -> torch.nn.Module:
         return build_model(self.model, self.train.input_shape, self.train.classes, seed=self.seed)
-
-
-@dataclass(frozen=True)
-class Privacy:
-    mechanism: str = "none"  # none | laplace | gaussian
-    epsilon: float = math.inf
-    delta: float = 0.0
-    clip: float | None = None  # xi; L1 for laplace, L2 for gaussian
-    factor: float = 1.0  # c_T of Eq. 1.11, already resolved for this run
-
-    @property
-    def clip_norm(self) -> float:
-        return 2.0 if self.mechanism == "gaussian" else 1.0
 
 
 @dataclass
@@ -158,10 +144,9 @@ class ClientActor(Checkpointable):
         """Train on the task's model and send the update. With FedAlign, `sampled` is this round's S_k
         and `target` the global moments its data is aligned to."""
         body = task.body
-        local = LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
-                              clip=self.cfg.privacy.clip, clip_norm=self.cfg.privacy.clip_norm,
-                              estimate_lipschitz=self.cfg.privacy.mechanism != "none", shuffle=self.cfg.shuffle,
-                              prox_mu=self.cfg.prox_mu)
+        dp = LocalDP(self.cfg.privacy)
+        local = dp.training(LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
+                                          shuffle=self.cfg.shuffle, prox_mu=self.cfg.prox_mu))
         samples = int(self.profile.indices.size)
         session, session_order = self._session(task.round)
         trained_on = int(session.size) if sampled is None else int(sampled.size)
@@ -199,7 +184,7 @@ class ClientActor(Checkpointable):
                 new_state, result = self.cfg.strategy.local_update(
                     state, local, lambda start, config: self.trainer.train(start, indices, config, rng, order, data))
                 info["loss"], info["loss_rms"] = result.loss, result.loss_rms
-                new_state, release = self._privatize(new_state, result, local, rng, info)
+                new_state, release = dp.privatize(new_state, result, local, rng, info)
             else:
                 new_state = state
             if sampled is not None:
@@ -286,16 +271,3 @@ class ClientActor(Checkpointable):
         fa = self.cfg.fedalign
         aligned = fedalign.align(x.numpy(), target, fa.granularity, higher=fa.moments == 4)
         return Dataset(torch.from_numpy(aligned), y, self.data.classes)
-
-    def _privatize(self, state, result: TrainingResult, local: LocalTraining, rng, info: dict):
-        """Eq. 1.10-1.11: sensitivity from this round's Lipschitz estimate, then noise on the weights."""
-        p = self.cfg.privacy
-        if p.mechanism == "none":
-            return state, None
-        sens = sensitivity(result.samples_seen, result.lipschitz, local.lr, local.epochs, p.clip)
-        scale = noise_scale(p.mechanism, sens, p.factor, p.epsilon, p.delta)
-        info.update(lipschitz=result.lipschitz, sensitivity=sens, noise_scale=scale)
-        per_round = p.epsilon / p.factor  # Eq. 1.11 spends epsilon / c_T each round (with the estimated sensitivity)
-        release = accounting.laplace_release("update", per_round) if p.mechanism == "laplace" else \
-            accounting.gaussian_release("update", scale, sens, per_round, p.delta)
-        return add_noise(state, p.mechanism, scale, rng), release
