@@ -488,6 +488,14 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
+    def _late_updates_need_a_deadline(self):
+        name = self.algorithm.name
+        if name not in RING_ALGORITHMS and strategy_class(name).keeps_late and self.round.timeout_s is None:
+            raise ValueError(f"round.timeout_s: {name} keeps the updates a round's deadline cut off; without a "
+                             f"deadline there are none (set one)")
+        return self
+
+    @model_validator(mode="after")
     def _asynchronous_fits(self):
         """What synchronous rounds mean does not carry over to a strategy that steps as updates arrive."""
         if self.algorithm.name in RING_ALGORITHMS or not strategy_class(self.algorithm.name).asynchronous:

@@ -66,12 +66,13 @@ class RoundState:
     bits_down: int | None = None
     clients: dict[str, dict[str, Any]] = field(default_factory=dict)  # per selected client: what it reported, outcome
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # check-in status each was selected on
+    stale: list[dict[str, Any]] = field(default_factory=list)  # late updates of earlier rounds that joined this one
 
 
 class ServerActor(Checkpointable):
     name = "server"
     STATE = ("global_state", "pool", "down", "round", "late", "last_round_end", "short_since", "rounds_with_clients",
-             "strategy_state", "oort")
+             "strategy_state", "oort", "overdue", "carried")
 
     def __init__(self, cfg: ServerConfig, clients: list[str], task: TaskSpec):
         self.cfg = cfg
@@ -91,6 +92,8 @@ class ServerActor(Checkpointable):
         self.short_since: float | None = None  # when the current round began waiting for eligible clients
         self.rounds_with_clients = 0
         self.oort = OortSelector(cfg.oort) if cfg.selection == "oort" else None
+        self.overdue: dict[str, list[int]] = {}  # keeps_late strategies: client -> rounds whose deadline cut it off
+        self.carried: list[tuple] = []  # late updates that came between rounds, for the next one
         self.downlink = Channel(cfg.down_codec, layers=cfg.down_layers, schedule=cfg.schedule, side="server")
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
 
@@ -162,6 +165,9 @@ class ServerActor(Checkpointable):
                 self.pool.pop(name, None)
         self.round = RoundState(index, t, selected, set(selected))
         self.round.statuses = statuses
+        for late in self.carried:
+            self._join(self.round, *late)
+        self.carried = []
         if not selected:
             return self._close(t)
         self.rounds_with_clients += 1
@@ -189,6 +195,8 @@ class ServerActor(Checkpointable):
         rnd = self.round
         if self.cfg.checkin and msg.body.get("status") and msg.src not in self.down:
             self.pool[msg.src] = {**msg.body["status"], "checkin_t": msg.t}  # reporting back is a check-in
+        if msg.round in self.overdue.get(msg.src, ()) and (rnd is None or msg.round != rnd.index):
+            return self._on_overdue(msg)
         if rnd is None or msg.round != rnd.index or msg.src not in rnd.waiting:
             self.late += 1
             return Reaction()
@@ -213,6 +221,34 @@ class ServerActor(Checkpointable):
                 rnd.losses.append(float(msg.body["loss"]))
         enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round
         return self._close(msg.t) if enough or not rnd.waiting else Reaction()
+
+    def _on_overdue(self, msg: Message) -> Reaction:
+        """keeps_late: the update of a client a deadline cut off joins the round in progress (or the next)."""
+        self.overdue[msg.src].remove(msg.round)
+        try:
+            delta, basis = decode_state(msg.frames, self.spec)
+            if basis != "delta":
+                raise CodecError("a late update must be a delta (the model has moved on)")
+        except CodecError as exc:
+            print(f"[server] rejected late update from {msg.src}: {exc}", file=sys.stderr)
+            self.late += 1
+            return Reaction()
+        late = (msg.src, msg.round, delta, float(msg.body.get("samples", 1)),
+                {k: msg.body.get(k) for k in CLIENT_FIELDS}, msg.t)
+        if self.round is None:
+            self.carried.append(late)
+        else:
+            self._join(self.round, *late)
+        return Reaction()
+
+    def _join(self, rnd: RoundState, client: str, origin: int, delta, samples: float, record: dict, t: float) -> None:
+        staleness = rnd.index - origin
+        outcome = "stale"
+        if self.strategy.accepts(staleness):
+            state = {k: self.global_state[k] + delta[k] for k in delta}
+            self.strategy.on_update(ClientUpdate(client, state, delta, samples, record, staleness))
+            outcome = "ok_stale"
+        rnd.stale.append({"client": client, **record, "t_update": t, "outcome": outcome, "staleness": staleness})
 
     def _on_strategy_message(self, msg: Message) -> Reaction:
         """A message of the strategy's own phases (FedAlign's statistics), during its round."""
@@ -253,6 +289,12 @@ class ServerActor(Checkpointable):
         rnd.failed.extend(sorted(rnd.waiting))  # deadline or enough updates: whoever has not answered
         for name in rnd.waiting:
             rnd.clients[name] = {"outcome": "no_update"}
+            if self.strategy.keeps_late:
+                self.overdue.setdefault(name, []).append(rnd.index)
+        for name, rounds in list(self.overdue.items()):  # forget what would be too stale to use anyway
+            rounds[:] = [r for r in rounds if self.strategy.accepts(rnd.index + 1 - r)]
+            if not rounds:
+                del self.overdue[name]
         t_end = t + self.cfg.aggregate_s
 
         def work():
@@ -293,8 +335,11 @@ class ServerActor(Checkpointable):
             "bits_down": rnd.bits_down,
             "clients": [{"client": name, **rnd.clients.get(name, {"outcome": "unknown"}),
                          "status": rnd.statuses.get(name) or None, "checkin_t": (rnd.statuses.get(name) or {}).get("checkin_t")}
-                        for name in rnd.selected],
+                        for name in rnd.selected] + rnd.stale,
         }
+        if rnd.stale:
+            ages = [c["staleness"] for c in rnd.stale]
+            base.update(staleness_mean=float(np.mean(ages)), staleness_max=max(ages))
         return self._with_evaluation(base, rnd.index)
 
     def _with_evaluation(self, base: dict[str, Any], index: int):

@@ -136,3 +136,30 @@ def test_max_staleness_discards_the_straggler(tmp_path):
     assert ok == [("F", 0), ("M", 1)]  # M's third task (dispatched at 4.8 with version 3) closes step 4 at 7.2
     last = read_csv(out / "rounds.csv")[-1]
     assert float(last["t_end"]) == pytest.approx(7.2, abs=0.05)
+
+
+# ---- semi-asynchronous FedAvg: a deadline round that keeps late updates ---------------------------
+def test_semiasync_weights_a_late_update_by_samples_and_staleness():
+    semi = strategy_class("semiasync")({"exponent": 1.0, "max_staleness": 2})
+    g = {"w": np.zeros(1, dtype=np.float32)}
+    semi.on_update(ClientUpdate("a", {"w": np.array([2.0], dtype=np.float32)}, {}, 10.0, {}, 0))
+    semi.on_update(ClientUpdate("b", {"w": np.array([8.0], dtype=np.float32)}, {}, 10.0, {}, 1))  # weight 10 / 2
+    assert semi.aggregate(g)["w"][0] == pytest.approx((10 * 2 + 5 * 8) / 15)
+    assert semi.accepts(2) and not semi.accepts(3)
+
+
+def test_semiasync_late_updates_join_a_later_round(tmp_path):
+    text = (SCENARIO % "").replace("  name: fedbuff\n", "  name: semiasync\n").replace("  options: {buffer_size: 2}\n", "")
+    text += "round: {timeout_s: 3.0}\n"
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", text)), "--out", str(out), "--quiet", timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    device = {r["client"]: r["device"] for r in read_csv(out / "population.csv")}
+    rows = read_csv(out / "clients.csv")
+    joined = [r for r in rows if r["outcome"] == "ok_stale"]
+    assert joined and all(device[r["client"]] == "S" for r in joined)  # only the 6.5 s client misses a 3 s deadline
+    for r in joined:  # it was cut off (late) in the round it trained for, `staleness` rounds earlier
+        origin = int(r["round"]) - int(r["staleness"])
+        assert int(r["staleness"]) >= 1
+        assert any(o["client"] == r["client"] and int(o["round"]) == origin and o["outcome"] == "late" for o in rows)
+    assert {r["outcome"] for r in rows if device[r["client"]] != "S"} == {"ok"}

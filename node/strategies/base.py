@@ -52,6 +52,7 @@ class Strategy:
     Options: ClassVar[type[Options]] = Options
     asynchronous: ClassVar[bool] = False  # True: the server steps when ready(), dispatching clients as others finish
     uploads_delta: ClassVar[bool] = False  # True: clients send model deltas whatever their codec
+    keeps_late: ClassVar[bool] = False  # True: an update a deadline cut off joins a later round, with its staleness
     message_kinds: ClassVar[tuple[str, ...]] = ()  # extra client -> server messages handled by on_message
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that outlive a round (checkpointed)
     options_key: ClassVar[str] = "options"  # where a scenario keeps its options: algorithm.<options_key>
@@ -67,6 +68,10 @@ class Strategy:
 
     def on_update(self, update: ClientUpdate) -> None:
         raise NotImplementedError
+
+    def accepts(self, staleness: int) -> bool:
+        """Whether an update this stale is used at all."""
+        return True
 
     def ready(self) -> bool:
         """Asynchronous strategies: whether the server should take a step now."""
