@@ -340,6 +340,11 @@ class Conductor:
         elif env["op"] == "report":
             if body.get("type") == "peer_silent":
                 return self._declare_lost(body, sock, writer)
+            if body.get("type") == "error" and body.get("actor") in self.topology.server_actors():
+                # the server's state is no longer to be trusted, and a round may never end: stop now
+                self._on_report(body, writer)
+                first = str(body.get("error", "")).strip().splitlines()[-1:] or ["?"]
+                return "failed", f"the {body['actor']} actor raised an exception: {first[0]} (traceback in summary.json incidents)"
             if self._on_report(body, writer):
                 return self._final_status(body)
         return None

@@ -114,3 +114,27 @@ def test_readme_example_is_the_shipped_strategy():
     root = Path(__file__).resolve().parents[1]
     source = (root / "node" / "strategies" / "fedavgm.py").read_text()
     assert "```python\n" + source + "```" in (root / "README.md").read_text()
+
+
+def test_a_strategy_that_raises_fails_the_run_at_once_with_the_error(tmp_path):
+    """A user's strategy crashes in the server process: the run ends as failed within seconds,
+    saying why, instead of waiting out run.stall_timeout_s. (In-process conductor: the forked
+    server inherits this test's registration.)"""
+    import time
+    from emulator.conductor import run_scenario
+    from emulator.progress import QuietView
+    from node.strategies.fedavg import FedAvg
+
+    if "exploding_for_test" not in REGISTRY:
+        @register("exploding_for_test")
+        class Exploding(FedAvg):
+            def aggregate(self, global_state):
+                raise RuntimeError("boom in aggregate")
+
+    sc, resolved = load_scenario(write_scenario(tmp_path / "s.yaml", BASE % "name: exploding_for_test"))
+    t0 = time.monotonic()
+    summary = run_scenario(sc, resolved, tmp_path / "run", QuietView(sc.rounds))
+    assert summary["status"] == "failed"
+    assert "server actor raised an exception: RuntimeError: boom in aggregate" in summary["reason"]
+    assert time.monotonic() - t0 < 60  # the stall timeout is 600 s
+    assert any("boom" in str(i.get("error")) for i in summary["incidents"])
