@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import zmq
 
+from node.device import EXIT_DEVICE
 from node.processes import host_main, server_main
 from protocol import envelope
 from .network import CONDUCTOR, SERVER, NetworkConfig, network_main
@@ -174,7 +175,7 @@ class Conductor:
             self.host_clients[name] = [p.name for p in profiles]
             specs.append((name, "host", host_main,
                           (name, endpoint, profiles, world.task, client_cfg, world.threads_per_host, me,
-                           saved([p.name for p in profiles]))))
+                           saved([p.name for p in profiles]), h)))
         for name, role, target, args in specs:
             if role == "network":
                 proc = FreshProcess("emulator.network", "network_main", args)
@@ -340,6 +341,9 @@ class Conductor:
         elif env["op"] == "report":
             if body.get("type") == "peer_silent":
                 return self._declare_lost(body, sock, writer)
+            if body.get("type") == "fatal":  # a process that cannot start (its training device): nothing can run
+                writer.incident(f"{body.get('peer')} could not start: {body.get('error')}", peer=body.get("peer"))
+                return "failed", str(body.get("error"))
             if body.get("type") == "error" and body.get("actor") in self.topology.server_actors():
                 # the server's state is no longer to be trusted, and a round may never end: stop now
                 self._on_report(body, writer)
@@ -367,6 +371,15 @@ class Conductor:
         """A child process is gone. A host's clients fail from now on; without the network or the
         server the run cannot go on."""
         child.lost = True
+        if child.proc.exitcode == EXIT_DEVICE:  # it told the run why; give that message the time to arrive
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                if sock.poll(50):
+                    while sock.poll(0):
+                        outcome = self._receive(sock, writer)
+                        if outcome is not None:
+                            return outcome
+            return "failed", f"{child.name} could not open its training device (exit code {EXIT_DEVICE}; see its stderr)"
         now = time.monotonic()
         emulated = writer.rows[-1]["t_end"] if writer.rows else 0.0
         if child.role != "host":
@@ -413,6 +426,14 @@ class Conductor:
                 self._round_row(rep, writer)
         elif kind == "ring_finished" and self.ring is not None:
             return self.ring.finish(body["client"])
+        elif kind == "device":
+            info = {k: v for k, v in body.items() if k not in ("type", "peer", "t_net")}
+            devices = writer.summary.setdefault("training_devices", {})
+            if not any(d.get("device") == info.get("device") for d in devices.values()):
+                self.view.note(f"{body.get('peer')} trains on {info.get('device')}"
+                               + (f" ({info['name']})" if info.get("name") else "")
+                               + (f": {info['reason']}" if info.get("device") == "cpu" and "auto" in str(info.get("reason")) else ""))
+            devices[body.get("peer")] = info
         elif kind == "clock_started":
             self.startup_s = time.monotonic() - self.t0
         elif kind == "privacy":

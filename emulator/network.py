@@ -770,6 +770,8 @@ class Network:
                 self.to_conductor("report", {"type": "peer_silent", "peer": peer, "silent_s": silent, "t_net": self.now})
 
     def _flush(self, sock: zmq.Socket) -> None:
+        if CONDUCTOR not in self.guard.greeted:
+            return  # a host can report (its device, a fatal error) before the conductor has connected: keep it
         for header in self._outbox:
             try:
                 sock.send_multipart([CONDUCTOR.encode(), header])

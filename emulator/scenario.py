@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.codecs import CodecError, make_codec
+from node.device import check_spec
 from node.strategies import REGISTRY, StrategyError, strategy_class
 from node.strategies.fedalign import FedAlign
 
@@ -149,6 +150,16 @@ class Task(Strict):
     data_root: Optional[str] = None
     download: bool = False
     synthetic: Synthetic = Field(default_factory=Synthetic)
+    device: str = Field(
+        "auto", description="where hosts train: auto (CUDA when a GPU is visible, else the CPU; the run says which), "
+                            "cpu, cuda (hosts spread over the visible GPUs) or cuda:N. The server evaluates on the CPU")
+    gpu_memory_fraction: Optional[float] = Field(
+        None, gt=0, le=1, description="cap on each host's share of its GPU's memory; null: the GPU's hosts share it equally")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v):
+        return check_spec(v)
 
     @model_validator(mode="after")
     def _writers(self):

@@ -11,6 +11,7 @@ import numpy as np
 from node import data as datasets
 from node import firma
 from node.client import ClientConfig, ClientProfile, TaskSpec
+from node.device import DevicePlan
 from node.stages import Privacy
 from node.models import PRIVATE_PREFIX, training_flops
 from node.oort import OortParams
@@ -210,6 +211,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         edges = _edges(sc, clients, server, group_of)
         server = _cloud_config(sc, server, edges)
     sl = sc.server.link
+    task = dataclasses.replace(task, plan=DevicePlan(sc.task.device, hosts, sc.task.gpu_memory_fraction))
     return World(
         task=task, clients=clients,
         server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0, queue_s=_queue_s(sc, sl.queue_ms)),

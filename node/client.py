@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from . import accounting, fedalign
 from .actor import Checkpointable, Message, Reaction, Send
 from .compute import LoadModel, full_speed_seconds, loaded_duration
 from .data import Dataset, with_input_noise
+from .device import DevicePlan
 from .models import build_model, load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule, importance
 from .stages import LocalDP, Privacy
@@ -54,9 +55,18 @@ class TaskSpec:
     train: Dataset
     test: Dataset
     seed: int
+    plan: DevicePlan = field(default_factory=DevicePlan)  # where hosts train (resolved in each host)
+    device: str = "cpu"  # where this process's models and data live, once resolved
 
-    def build(self) -> torch.nn.Module:
-        return build_model(self.model, self.train.input_shape, self.train.classes, seed=self.seed)
+    def build(self, seed: int | None = None) -> torch.nn.Module:
+        model = build_model(self.model, self.train.input_shape, self.train.classes, seed=self.seed if seed is None else seed)
+        return model.to(self.device) if self.device != "cpu" else model
+
+    def on(self, device: str) -> "TaskSpec":
+        """This task with its data and every model it builds on `device`."""
+        if device == self.device:
+            return self
+        return replace(self, train=self.train.to(device), test=self.test.to(device), device=device)
 
 
 @dataclass
@@ -103,7 +113,7 @@ class ClientActor(Checkpointable):
         self.rejected = 0
         self.generation = 0  # bumped when the device comes back online: work begun before is lost
         self.data, self.indices = profile.training_data(trainer.task.train, cfg.seed)
-        self.labels = self.data.y.numpy()[self.indices]
+        self.labels = self.data.y.cpu().numpy()[self.indices]
         self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(self.indices)
         self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
         self.feedback = ErrorFeedback() if cfg.error_feedback else None
@@ -233,7 +243,7 @@ class ClientActor(Checkpointable):
         sampled, unsampled = fedalign.split_round(self.indices, fa, rng)
         x, _ = self.data.batch(torch.from_numpy(unsampled))
         low, high = fa.input_range
-        raw = fedalign.raw_moments(x.numpy(), fa.granularity, fa.moments, low, high)
+        raw = fedalign.raw_moments(x.cpu().numpy(), fa.granularity, fa.moments, low, high)
         stats = fedalign.privatize_moments(raw, fedalign.raw_moment_ranges(low, high, fa.moments),
                                            int(unsampled.size), fa.stat_epsilon, fa.stat_delta, rng)
         encoded = encode_state(stats.raw, fedalign.MOMENTS_CODEC, rng)
@@ -269,5 +279,5 @@ class ClientActor(Checkpointable):
         """S_k' = Align(S_k; global moments), as float inputs in the same [0, 1] scale as the rest."""
         x, y = self.data.batch(torch.from_numpy(sampled))
         fa = self.cfg.fedalign
-        aligned = fedalign.align(x.numpy(), target, fa.granularity, higher=fa.moments == 4)
-        return Dataset(torch.from_numpy(aligned), y, self.data.classes)
+        aligned = fedalign.align(x.cpu().numpy(), target, fa.granularity, higher=fa.moments == 4)
+        return Dataset(torch.from_numpy(aligned).to(y.device), y, self.data.classes)

@@ -33,7 +33,15 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
 
+    def to(self, device) -> "Dataset":
+        """The same samples on `device` (moved once per host, not per batch); self when already there."""
+        if self.x.device == torch.device(device):
+            return self
+        return Dataset(self.x.to(device), self.y.to(device), self.classes, self.users)
+
     def batch(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(idx, torch.Tensor) and idx.device != self.x.device:
+            idx = idx.to(self.x.device)
         x = self.x[idx]
         if x.dtype == torch.uint8:
             x = x.float().div_(255.0)
@@ -471,4 +479,4 @@ def with_input_noise(data: Dataset, indices: np.ndarray, std: float, seed) -> tu
         return data, indices
     x, y = data.batch(torch.from_numpy(indices))
     noise = np.random.default_rng(seed).normal(0.0, std, size=tuple(x.shape)).astype(np.float32)
-    return Dataset(x + torch.from_numpy(noise), y, data.classes), np.arange(indices.size)
+    return Dataset(x + torch.from_numpy(noise).to(x.device), y, data.classes), np.arange(indices.size)

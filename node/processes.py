@@ -2,8 +2,11 @@
 world from the conductor and run a Runtime until told to stop."""
 from __future__ import annotations
 
+import sys
+
 import torch
 
+from .device import EXIT_DEVICE, DeviceError, open_device
 from .lifecycle import detach_from_terminal_signals
 from .async_server import AsyncServer
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
@@ -14,17 +17,25 @@ from .server import ServerActor, ServerConfig
 
 
 def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig | RingConfig,
-              threads: int, parent_pid: int, restore: list[str] | None = None) -> None:
-    """A host of client actors: star clients sharing one model, or ring clients with their own."""
+              threads: int, parent_pid: int, restore: list[str] | None = None, host_index: int = 0) -> None:
+    """A host of client actors: star clients sharing one model, or ring clients with their own.
+    It opens its training device first (the CUDA context is made here, after the fork)."""
     detach_from_terminal_signals(parent_pid, peer)
     torch.set_num_threads(threads)
+    try:
+        placement, device_info = open_device(task.plan, host_index)
+    except DeviceError as exc:
+        print(f"[{peer}] {exc}", file=sys.stderr)
+        Runtime.tell_fatal(peer, endpoint, str(exc))
+        sys.exit(EXIT_DEVICE)
+    task = task.on(placement.device)
     if isinstance(cfg, RingConfig):
         evaluator = Evaluator(task)
         actors = [RingClientActor(profile, task, cfg, evaluator) for profile in clients]
     else:
         trainer = Trainer(task)
         actors = [ClientActor(profile, trainer, cfg) for profile in clients]
-    Runtime(peer, endpoint, actors, parent_pid, restore).run()
+    Runtime(peer, endpoint, actors, parent_pid, restore, announce={"type": "device", **device_info}).run()
 
 
 def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task: TaskSpec, threads: int,

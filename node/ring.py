@@ -26,7 +26,7 @@ from . import firma
 from .actor import Message, Reaction, Send
 from .client import ClientProfile, TaskSpec
 from .compute import full_speed_seconds
-from .models import build_model, load_numpy_state, state_spec, state_to_numpy
+from .models import load_numpy_state, state_spec, state_to_numpy
 from .strategy import WeightedAverage
 from .training import accuracy_on, train_part
 
@@ -91,8 +91,7 @@ class RingClientActor:
         self.evaluate = evaluator
         # FIRMA's code builds the clients one after another after one torch.manual_seed, so each
         # starts from its own initialisation (init: independent); init: shared gives all one.
-        self.model = task.build() if cfg.init == "shared" else \
-            build_model(task.model, task.train.input_shape, task.train.classes, seed=task.seed * 1_000_003 + profile.index + 1)
+        self.model = task.build() if cfg.init == "shared" else task.build(seed=task.seed * 1_000_003 + profile.index + 1)
         self.data, self.indices = profile.training_data(task.train, cfg.seed)
         self.spec = state_spec(self.model)
         self.shared_keys = [k for k in self.spec if not k.startswith(cfg.private_prefix)]

@@ -47,8 +47,9 @@ def _peek(counters: dict[str, itertools.count], name: str) -> int:
 
 class Runtime:
     def __init__(self, peer: str, endpoint: str, actors: list[Actor], parent_pid: int | None = None,
-                 restore: list[str] | None = None):
+                 restore: list[str] | None = None, announce: dict | None = None):
         self.peer = peer
+        self.announce = announce  # a report sent right after hello (what this process runs on)
         self.endpoint = endpoint
         self.actors = {a.name: a for a in actors}
         self.parent_pid = parent_pid
@@ -189,6 +190,8 @@ class Runtime:
         for th in threads:
             th.start()
         sock.send(envelope.pack("hello", peer=self.peer, actors=list(self.actors)))
+        if self.announce:
+            sock.send(envelope.pack("report", body={"peer": self.peer, **self.announce}))
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake_sock, zmq.POLLIN)
@@ -226,6 +229,21 @@ class Runtime:
                 self._jobs_cv.notify_all()
             self._reports.put(None)
             ctx.destroy(linger=0)
+
+    @staticmethod
+    def tell_fatal(peer: str, endpoint: str, error: str, linger_ms: int = 2000) -> None:
+        """Tell the run why this process cannot start (the conductor ends the run with it)."""
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, peer.encode())
+            sock.setsockopt(zmq.LINGER, linger_ms)
+            sock.connect(endpoint)
+            # no hello: a peer that will not run must not count as ready (the clock would start without it)
+            sock.send(envelope.pack("report", body={"peer": peer, "type": "fatal", "error": error}))
+            sock.close()
+        finally:
+            ctx.term()
 
     def _heartbeat(self, sock: zmq.Socket) -> None:
         """From this I/O thread, so a peer that trains for minutes still answers."""

@@ -32,6 +32,17 @@ class TrainingResult:
     loss_rms: float = 0.0  # root mean square of the per-sample losses of the last epoch (Oort's utility)
 
 
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def on_device(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch where the model is: a no-op for data the host already moved there (the shared sets),
+    one copy for data built elsewhere (a client's noisy or aligned copy)."""
+    x, y = batch
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
 def batches(indices: np.ndarray, cfg: LocalTraining, rng: np.random.Generator, fixed: np.ndarray | None):
     order = fixed if fixed is not None else rng.permutation(indices)
     return [order[s:s + cfg.batch_size] for s in range(0, order.size, cfg.batch_size)]
@@ -44,6 +55,7 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
     With shuffle "once" the caller passes `fixed_order`, the same for every epoch (and round), so
     batch position k holds the same samples in every epoch, which Eq. 1.9 compares."""
     model.train()
+    device = device_of(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=cfg.lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -54,7 +66,7 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
     for _ in range(cfg.epochs):
         total, squares, count = 0.0, 0.0, 0
         for position, idx in enumerate(batches(indices, cfg, rng, fixed)):
-            x, y = data.batch(torch.from_numpy(idx))
+            x, y = on_device(data.batch(torch.from_numpy(idx)), device)
             opt.zero_grad(set_to_none=True)
             out = model(x)
             loss = loss_fn(out, y)
@@ -88,7 +100,7 @@ def evaluate(model: nn.Module, data: Dataset, max_samples: int | None = None, ba
     n = data.y.numel() if max_samples is None else min(max_samples, data.y.numel())
     correct, loss_sum = 0, 0.0
     for start in range(0, n, batch_size):
-        x, y = data.batch(slice(start, min(n, start + batch_size)))
+        x, y = on_device(data.batch(slice(start, min(n, start + batch_size))), device_of(model))
         out = model(x)
         loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
         correct += int((out.argmax(1) == y).sum())
@@ -100,6 +112,7 @@ def train_part(model: nn.Module, params: list[torch.nn.Parameter], opt: torch.op
     """Epochs of cross-entropy that update only `params` with the caller's (persistent) optimizer;
     every other parameter is frozen meanwhile (ALGORITHMS.md 2.2). Returns the last epoch's mean loss."""
     model.train()
+    device = device_of(model)
     trainable = {id(p) for p in params}
     frozen = [p for p in model.parameters() if id(p) not in trainable and p.requires_grad]
     for p in frozen:
@@ -111,7 +124,7 @@ def train_part(model: nn.Module, params: list[torch.nn.Parameter], opt: torch.op
             total, count = 0.0, 0
             order = rng.permutation(indices)
             for s in range(0, order.size, batch_size):
-                x, y = data.batch(torch.from_numpy(order[s:s + batch_size]))
+                x, y = on_device(data.batch(torch.from_numpy(order[s:s + batch_size])), device)
                 opt.zero_grad(set_to_none=True)
                 loss = loss_fn(model(x), y)
                 loss.backward()
@@ -131,7 +144,7 @@ def accuracy_on(model: nn.Module, data: Dataset, indices: np.ndarray, batch_size
     model.eval()
     correct, loss_sum = 0, 0.0
     for s in range(0, indices.size, batch_size):
-        x, y = data.batch(torch.from_numpy(indices[s:s + batch_size]))
+        x, y = on_device(data.batch(torch.from_numpy(indices[s:s + batch_size])), device_of(model))
         out = model(x)
         loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
         correct += int((out.argmax(1) == y).sum())
