@@ -429,10 +429,9 @@ class Conductor:
         elif kind == "device":
             info = {k: v for k, v in body.items() if k not in ("type", "peer", "t_net")}
             devices = writer.summary.setdefault("training_devices", {})
-            if not any(d.get("device") == info.get("device") for d in devices.values()):
-                self.view.note(f"{body.get('peer')} trains on {info.get('device')}"
-                               + (f" ({info['name']})" if info.get("name") else "")
-                               + (f": {info['reason']}" if info.get("device") == "cpu" and "auto" in str(info.get("reason")) else ""))
+            if info.get("device") != "cpu" and not any(d.get("device") == info.get("device") for d in devices.values()):
+                # the CPU is what a run without a GPU uses anyway: only a GPU is news on the console
+                self.view.note(f"{body.get('peer')} trains on {info.get('device')} ({info.get('name')})")
             devices[body.get("peer")] = info
         elif kind == "clock_started":
             self.startup_s = time.monotonic() - self.t0

@@ -1,0 +1,94 @@
+"""The compiled codec kernels (protocol/_kernels.c) give exactly the bytes and values of the numpy
+path, for every bit-length, rounding, granularity and awkward length; and the counter-based
+dither is uniform and independent enough that stochastic rounding stays unbiased."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.bitpack import pack, unpack
+from protocol.codecs import dense
+from protocol.codecs.dense import dither, quantize, quantize_packed, unpack_dequantize
+
+needs_kernels = pytest.mark.skipif(dense._kernels is None, reason="protocol._kernels not built (no C compiler at install)")
+SHAPES = [(1,), (7,), (9,), (4095,), (4097,), (8193,), (3, 2, 2, 5), (64, 32, 5, 5), (13, 17)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits", range(2, 33))
+def test_compiled_and_numpy_paths_give_the_same_bytes_and_values(bits):
+    for k, shape in enumerate(SHAPES):
+        x = (np.random.default_rng([bits, k]).normal(size=shape) * 3).astype(np.float32)
+        x.reshape(-1)[0] = 0.0  # a value on the grid and an exact zero
+        for stochastic in (True, False):
+            for per_filter in (True, False):
+                fast, s_fast = quantize_packed(x, bits, stochastic, per_filter, np.random.default_rng(5), compiled=True)
+                slow, s_slow = quantize_packed(x, bits, stochastic, per_filter, np.random.default_rng(5), compiled=False)
+                assert fast.tobytes() == slow.tobytes(), (shape, stochastic, per_filter)
+                assert s_fast.tobytes() == s_slow.tobytes()
+                a = unpack_dequantize(fast.tobytes(), s_fast, bits, shape, compiled=True)
+                b = unpack_dequantize(fast.tobytes(), s_fast, bits, shape, compiled=False)
+                assert a.tobytes() == b.tobytes() and a.shape == shape
+
+
+@needs_kernels
+@settings(max_examples=60, deadline=None)
+@given(bits=st.integers(2, 32), n=st.integers(1, 5000), scale=st.floats(1e-6, 1e6), seed=st.integers(0, 2**32 - 1))
+def test_compiled_path_matches_on_random_tensors(bits, n, scale, seed):
+    x = (np.random.default_rng(seed).standard_cauchy(n) * scale).astype(np.float32)
+    fast, _ = quantize_packed(x, bits, True, False, np.random.default_rng(seed), compiled=True)
+    slow, _ = quantize_packed(x, bits, True, False, np.random.default_rng(seed), compiled=False)
+    assert fast.tobytes() == slow.tobytes()
+
+
+def test_the_numpy_path_is_pack_of_quantize():
+    x = np.random.default_rng(1).normal(size=1000).astype(np.float32)
+    packed, scales = quantize_packed(x, 5, True, False, np.random.default_rng(2), compiled=False)
+    codes, scales2 = quantize(x, 5, True, False, np.random.default_rng(2))
+    assert packed.tobytes() == pack(codes, 5).tobytes() and np.array_equal(scales, scales2)
+    assert np.array_equal(unpack(packed, 1000, 5), codes)
+
+
+def test_dither_is_uniform_on_24_bit_fractions_and_changes_with_the_key():
+    u = dither(1 << 20, 12345)
+    assert u.dtype == np.float32 and u.min() >= 0 and u.max() < 1
+    assert np.array_equal(u * 2**24, np.floor(u * 2**24))  # 24-bit fractions, exact in float32
+    counts = np.histogram(u, bins=64, range=(0, 1))[0]
+    expected = u.size / 64
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 120  # 63 degrees of freedom: the 99.99th percentile is about 115
+    assert abs(float(np.corrcoef(u[:-1], u[1:])[0, 1])) < 0.01  # neighbours are not correlated
+    assert not np.array_equal(u[:1000], dither(1000, 12346))
+
+
+def test_stochastic_rounding_with_the_hash_dither_is_unbiased():
+    """The mean of many encodings of one tensor converges to it: the standard error bounds it."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, size=300).astype(np.float32)
+    bits, draws = 3, 3000
+    total = np.zeros(x.size)
+    for _ in range(draws):
+        packed, scales = quantize_packed(x, bits, True, False, rng)
+        total += unpack_dequantize(packed.tobytes(), scales, bits, x.shape)
+    step = float(scales[0])
+    error = total / draws - x
+    # each decode is off by at most one step with variance <= step^2 / 4: 5 standard errors
+    assert np.all(np.abs(error) <= 5 * 0.5 * step / np.sqrt(draws))
+
+
+def test_fp16_through_torch_is_numpy_bit_for_bit():
+    """Processes that hold torch convert with it (F16C); the bytes are numpy's (round half to even,
+    overflow to infinity, subnormals), and every half decodes to numpy's float32 (NaN stays NaN)."""
+    import torch  # noqa: F401  (loaded: the codec takes the torch path)
+
+    from protocol.codecs.dense import Fp16
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([x[np.isfinite(x)], np.float32([65504, 65519.99, 65520, -65520, 2.98e-8, 3e-8, 6e-8, 0.0, -0.0])])
+    with np.errstate(over="ignore"):
+        assert Fp16().encode(x, None).data.tobytes() == x.astype("<f2").tobytes()
+    halves = np.arange(65536, dtype=np.uint16).view("<f2")
+    got = Fp16.decode({}, halves.tobytes(), (65536,))
+    nan = np.isnan(halves)
+    assert got.view(np.uint32)[~nan].tobytes() == halves[~nan].astype(np.float32).view(np.uint32).tobytes()
+    assert np.all(np.isnan(got[nan]))
