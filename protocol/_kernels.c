@@ -21,8 +21,11 @@
 
 
 /* The hot loops are built twice on x86-64 (AVX2 and the baseline) and the loader picks one: the
-   same operations, only wider, so the bytes do not depend on the machine. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+   same operations, only wider, so the bytes do not depend on the machine. AVX-512 (x86-64-v4)
+   also converts doubles to integers in vectors, which the b > 16 path needs. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define HOT __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define HOT __attribute__((target_clones("avx2", "default")))
 #else
 #define HOT
@@ -52,15 +55,23 @@ static inline uint32_t mix32(uint32_t x) { /* lowbias32 (C. Wellons): a bijectiv
             uint64_t w = 0;                                                        \
             for (int j = 0; j < 8; j++) w |= (uint64_t)(c)[j] << (j * (B));        \
             memcpy((o), &w, (B));                                                  \
-        } else { /* 64-bit words; unrolled with constant offsets they stay in registers */ \
-            uint64_t w[5] = {0, 0, 0, 0, 0};                                       \
+        } else { /* a 64-bit accumulator flushed 32 bits at a time: with B constant and  \
+                    the loop unrolled, every shift and flush point is a constant */        \
+            uint64_t acc = 0;                                                      \
+            int nb = 0;                                                            \
+            uint8_t *p = (o);                                                      \
             for (int j = 0; j < 8; j++) {                                          \
-                const int off = j * (B), at = off >> 6, sh = off & 63;             \
-                const uint64_t v = (uint64_t)(c)[j];                               \
-                w[at] |= v << sh;                                                  \
-                if (sh + (B) > 64) w[at + 1] |= v >> (64 - sh);                    \
+                acc |= (uint64_t)(c)[j] << nb;                                     \
+                nb += (B);                                                         \
+                if (nb >= 32) {                                                    \
+                    const uint32_t w = (uint32_t)acc;                              \
+                    memcpy(p, &w, 4);                                              \
+                    p += 4;                                                        \
+                    acc >>= 32;                                                    \
+                    nb -= 32;                                                      \
+                }                                                                  \
             }                                                                      \
-            memcpy((o), w, (B));                                                   \
+            memcpy(p, &acc, nb >> 3); /* 8 values end on a byte */                 \
         }                                                                          \
     } while (0)
 
@@ -212,6 +223,69 @@ HOT static void dequant_f64(const uint32_t *c, size_t m, double q, double sk, fl
     for (size_t t = 0; t < m; t++) out[t] = (float)((u32_to_d(c[t]) - q) * sk);
 }
 
+/* max |x| per slice as the bit pattern of a non-negative float, whose integer order is the
+   float's: one integer max reduction (it vectorises), exact, and inf or NaN read as >= inf. */
+HOT static uint32_t absmax_bits(const uint32_t *bits, size_t m) {
+    uint32_t top = 0;
+    for (size_t t = 0; t < m; t++) {
+        const uint32_t a = bits[t] & 0x7fffffffu;
+        top = a > top ? a : top;
+    }
+    return top;
+}
+
+/* absmax(x: f32 buffer, out: f32 buffer with one entry per slice) */
+static PyObject *absmax(PyObject *self, PyObject *args) {
+    Py_buffer xb, ob;
+    if (!PyArg_ParseTuple(args, "y*w*", &xb, &ob)) return NULL;
+    PyObject *result = NULL;
+    const size_t n = (size_t)xb.len / 4, slices = (size_t)ob.len / 4;
+    if (slices == 0 || n % slices != 0) {
+        PyErr_SetString(PyExc_ValueError, "absmax: sizes do not agree");
+    } else {
+        const size_t len = n / slices;
+        Py_BEGIN_ALLOW_THREADS
+        for (size_t k = 0; k < slices; k++) {
+            const uint32_t top = absmax_bits((const uint32_t *)xb.buf + k * len, len);
+            memcpy((float *)ob.buf + k, &top, 4);
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
+/* bf16_encode(x: f32 buffer, out: u16 buffer): dense.py's Bf16.encode, round half to even,
+   a NaN a quiet NaN */
+HOT static void bf16_round(const uint32_t *bits, size_t n, uint16_t *out) {
+    for (size_t t = 0; t < n; t++) {
+        const uint32_t b = bits[t];
+        const uint32_t rounded = (b + (0x7FFFu + ((b >> 16) & 1u))) >> 16;
+        out[t] = (b & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7FC0 : (uint16_t)rounded;
+    }
+}
+
+static PyObject *bf16_encode(PyObject *self, PyObject *args) {
+    Py_buffer xb, ob;
+    if (!PyArg_ParseTuple(args, "y*w*", &xb, &ob)) return NULL;
+    PyObject *result = NULL;
+    if ((size_t)ob.len * 2 != (size_t)xb.len) {
+        PyErr_SetString(PyExc_ValueError, "bf16_encode: sizes do not agree");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        bf16_round((const uint32_t *)xb.buf, (size_t)xb.len / 4, (uint16_t *)ob.buf);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 /* quantize_pack(x: f32 buffer, s: f32 (b <= 16) or f64 buffer per slice, bits, stochastic, key, out: u8 buffer) */
 static PyObject *quantize_pack(PyObject *self, PyObject *args) {
     Py_buffer xb, sb, ob;
@@ -309,6 +383,8 @@ done:
 }
 
 static PyMethodDef METHODS[] = {
+    {"bf16_encode", bf16_encode, METH_VARARGS, "float32 to bfloat16, rounded to nearest even."},
+    {"absmax", absmax, METH_VARARGS, "max |x| of each equal-length slice of float32 values."},
     {"quantize_pack", quantize_pack, METH_VARARGS, "Quantize float32 values to int-b codes and bit-pack them."},
     {"unpack_dequantize", unpack_dequantize, METH_VARARGS, "Unpack int-b codes and dequantize them to float32."},
     {NULL, NULL, 0, NULL},

@@ -92,3 +92,30 @@ def test_fp16_through_torch_is_numpy_bit_for_bit():
     nan = np.isnan(halves)
     assert got.view(np.uint32)[~nan].tobytes() == halves[~nan].astype(np.float32).view(np.uint32).tobytes()
     assert np.all(np.isnan(got[nan]))
+
+
+@needs_kernels
+def test_bf16_kernel_is_the_numpy_rounding_bit_for_bit():
+    from protocol.codecs.dense import Bf16
+    bits = np.random.default_rng(4).integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32)
+    bits = np.concatenate([bits, np.uint32([0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFFFFFFF, 0x00008000,
+                                            0x00018000, 0x3F808000, 0x3F818000, 0])])
+    x = bits.view(np.float32)
+    assert Bf16().encode(x, None).data.tobytes() == Bf16.encode_numpy(x).data.tobytes()
+
+
+@pytest.mark.parametrize("spec", [{"name": "int", "bits": b} for b in (2, 5, 8, 12, 16, 17, 32)]
+                         + [{"name": "int", "bits": 8, "rounding": "nearest"}, {"name": "bf16"}, {"name": "fp16"}])
+def test_a_machine_without_the_kernel_sends_and_reads_the_same_bytes(monkeypatch, spec):
+    """The whole state codec with the compiled module absent (no C compiler at install)."""
+    from protocol.codecs import decode_state, encode_state, make_codec
+    rng = np.random.default_rng(9)
+    state = {"w": (rng.normal(size=(8, 3, 5, 5)) * 0.1).astype(np.float32), "b": rng.normal(size=37).astype(np.float32)}
+    with_kernel = encode_state(state, make_codec(spec), np.random.default_rng(1))
+    frames = [bytes(memoryview(f)) for f in with_kernel.frames]
+    decoded_with, _ = decode_state(frames)
+    monkeypatch.setattr(dense, "_kernels", None)
+    without = encode_state(state, make_codec(spec), np.random.default_rng(1))
+    assert [bytes(memoryview(f)) for f in without.frames] == frames
+    decoded_without, _ = decode_state(frames)
+    assert all(decoded_with[k].tobytes() == decoded_without[k].tobytes() for k in state)

@@ -64,6 +64,15 @@ class Bf16(Codec):
     name = "bf16"
 
     def encode(self, x, rng):
+        x = np.ascontiguousarray(x, dtype="<f4").reshape(-1)
+        if _kernels is not None and x.size:
+            data = np.empty(x.size, "<u2")
+            _kernels.bf16_encode(x, data)
+            return EncodedTensor({}, data.view(np.uint8), data.nbytes)
+        return self.encode_numpy(x)
+
+    @staticmethod
+    def encode_numpy(x: np.ndarray) -> EncodedTensor:
         bits = np.ascontiguousarray(x, dtype="<f4").reshape(-1).view("<u4")
         nan = np.isnan(bits.view("<f4"))
         rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16  # uint32 arithmetic: wraps nothing below inf
@@ -90,11 +99,15 @@ def _work_dtype(bits: int) -> type:
     return np.float64 if bits > 16 else np.float32  # float32 y = x*s loses up to half a step beyond ~20 bits
 
 
-def _scaling(x: np.ndarray, bits: int, per_filter: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scaling(x: np.ndarray, bits: int, per_filter: bool, compiled: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(slices, s = qmax/alpha per slice in the working precision, the float32 scales sent)."""
     qmax = (1 << (bits - 1)) - 1
-    rows = slices_of(np.asarray(x, dtype=np.float32), per_filter)
-    if rows.size:  # max |x| without a full-size temporary: the larger of max and -min
+    rows = np.ascontiguousarray(slices_of(np.asarray(x, dtype=np.float32), per_filter))
+    if rows.size and _kernels is not None and compiled:  # one integer pass over the bits; the same value
+        top = np.empty(rows.shape[0], np.float32)
+        _kernels.absmax(rows, top)
+        alpha = top.astype(np.float64) + ALPHA_EPSILON
+    elif rows.size:  # max |x| without a full-size temporary: the larger of max and -min
         alpha = np.maximum(rows.max(axis=1), -rows.min(axis=1)).astype(np.float64) + ALPHA_EPSILON
     else:
         alpha = np.ones(rows.shape[0])
@@ -151,12 +164,12 @@ def _codes(rows: np.ndarray, s: np.ndarray, bits: int, key: int | None) -> np.nd
 def quantize_packed(x: np.ndarray, bits: int, stochastic: bool, per_filter: bool, rng: np.random.Generator,
                     compiled: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """pack(quantize(...)): the packed codes and the scales, in one pass where the kernel is built."""
-    rows, s, scales = _scaling(x, bits, per_filter)
+    rows, s, scales = _scaling(x, bits, per_filter, compiled)
     key = dither_key(rng) if stochastic else None
     if _kernels is None or not compiled or rows.size == 0:
         return pack(_codes(rows, s, bits, key), bits), scales
     out = np.empty(packed_size(rows.size, bits), np.uint8)
-    _kernels.quantize_pack(np.ascontiguousarray(rows), s, bits, key is not None, key or 0, out)
+    _kernels.quantize_pack(rows, s, bits, key is not None, key or 0, out)
     return out, scales
 
 
@@ -173,7 +186,7 @@ def unpack_dequantize(data, scales: np.ndarray, bits: int, shape: tuple[int, ...
     """dequantize(unpack(...)), in one pass where the kernel is built."""
     n = int(np.prod(shape))
     if _kernels is None or not compiled or n == 0:
-        return unpack_dequantize(data, scales, bits, shape)
+        return dequantize(unpack(data, n, bits), scales, bits, shape)
     out = np.empty(shape, np.float32)
     _kernels.unpack_dequantize(data, bits, np.ascontiguousarray(scales, dtype=np.float32), out)
     return out
