@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ class TaskSpec:
         """This task with its data and every model it builds on `device`."""
         if device == self.device:
             return self
-        return replace(self, train=self.train.to(device), test=self.test.to(device), device=device)
+        return dataclasses.replace(self, train=self.train.to(device), test=self.test.to(device), device=device)
 
 
 @dataclass

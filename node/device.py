@@ -60,9 +60,13 @@ def place(plan: DevicePlan, host_index: int, gpus: int, cuda_problem: str | None
         index = host_index % gpus
         sharing = len(range(index, plan.hosts, gpus))
     fraction = plan.memory_fraction if plan.memory_fraction is not None else 1.0 / max(sharing, 1)
-    how = "auto" if plan.spec == "auto" else plan.spec
-    return Placement(f"cuda:{index}", fraction, f"task.device {how}: host {host_index} of {plan.hosts} on GPU {index} "
+    return Placement(f"cuda:{index}", fraction, f"task.device {plan.spec}: host {host_index} of {plan.hosts} on GPU {index} "
                                                 f"(shared by {sharing} host(s))")
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def open_device(plan: DevicePlan, host_index: int) -> tuple[Placement, dict]:
@@ -81,7 +85,7 @@ def open_device(plan: DevicePlan, host_index: int) -> tuple[Placement, dict]:
         else:
             problem = "no CUDA device is visible (torch.cuda.is_available() is False)"
     except Exception as exc:  # a broken driver raises many kinds of errors; the user needs one line
-        problem = f"CUDA failed to initialise ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"
+        problem = f"CUDA failed to initialise ({_one_line(exc)})"
     placement = place(plan, host_index, gpus, problem)
     if placement.device == "cpu":
         return placement, {"device": "cpu", "reason": placement.reason}
@@ -93,7 +97,6 @@ def open_device(plan: DevicePlan, host_index: int) -> tuple[Placement, dict]:
         props = torch.cuda.get_device_properties(dev)
         torch.zeros(1, device=dev)  # create the context now, so a failure is reported here
     except Exception as exc:
-        raise DeviceError(f"task.device: {placement.device} could not be opened "
-                          f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from None
+        raise DeviceError(f"task.device: {placement.device} could not be opened ({_one_line(exc)})") from None
     return placement, {"device": placement.device, "name": props.name, "memory_gib": round(props.total_memory / 2**30, 2),
                        "memory_fraction": placement.memory_fraction, "reason": placement.reason}

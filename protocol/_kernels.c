@@ -165,26 +165,17 @@ HOT static void quantize_f32(const float *x, size_t start, size_t end, size_t sl
         uint32_t *c = codes + (i - start);
         const float *xi = x + i;
         const size_t m = stop - i;
-        /* codes stay below 2^16 here, so the signed conversion (one vector instruction) is exact */
-        if (stochastic) {
-            const uint32_t base = (uint32_t)i + key;
-            for (size_t t = 0; t < m; t++) {
-                float y = xi[t] * sk;
-                y = y + qmax;
-                y = y + (float)(int32_t)(mix32(base + (uint32_t)t) >> 8) * 0x1p-24f;
-                y = y < 0.0f ? 0.0f : y;
-                y = y > top ? top : y;
-                c[t] = (uint32_t)(int32_t)y;
-            }
-        } else {
-            for (size_t t = 0; t < m; t++) {
-                float y = xi[t] * sk;
-                y = y + qmax;
-                y = rint_pos_f(y);
-                y = y < 0.0f ? 0.0f : y;
-                y = y > top ? top : y;
-                c[t] = (uint32_t)(int32_t)y;
-            }
+        const uint32_t base = (uint32_t)i + key;
+        /* codes stay below 2^16 here, so the signed conversion (one vector instruction) is exact;
+           the branch on `stochastic` is hoisted out of the loop by the compiler */
+        for (size_t t = 0; t < m; t++) {
+            float y = xi[t] * sk;
+            y = y + qmax;
+            if (stochastic) y = y + (float)(int32_t)(mix32(base + (uint32_t)t) >> 8) * 0x1p-24f;
+            else y = rint_pos_f(y);
+            y = y < 0.0f ? 0.0f : y;
+            y = y > top ? top : y;
+            c[t] = (uint32_t)(int32_t)y;
         }
         i = stop;
     }
