@@ -433,6 +433,10 @@ class Conductor:
                 # the CPU is what a run without a GPU uses anyway: only a GPU is news on the console
                 self.view.note(f"{body.get('peer')} trains on {info.get('device')} ({info.get('name')})")
             devices[body.get("peer")] = info
+        elif kind == "cohort":
+            cohorts = writer.summary.setdefault("cohorts", {}).setdefault(body.get("peer"), {"groups": 0, "clients": 0, "largest": 0})
+            size = int(body.get("size", 0))
+            cohorts.update(groups=cohorts["groups"] + 1, clients=cohorts["clients"] + size, largest=max(cohorts["largest"], size))
         elif kind == "clock_started":
             self.startup_s = time.monotonic() - self.t0
         elif kind == "privacy":

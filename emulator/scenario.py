@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -359,11 +359,22 @@ class Algorithm(Strict):
     max_samples_per_round: Optional[int] = Field(
         None, ge=1, description="a client trains on at most this many of its samples per round (a fresh seeded subset) "
                                 "and is weighted by them; null: all of them")
+    cohort: Union[Literal["auto", "off"], Annotated[int, Field(ge=1)]] = Field(
+        "auto", description="train up to N clients of a host together as one batched cohort (wall clock only: emulated "
+                            "time and bytes are unchanged); auto: 32 on a GPU, off on a CPU; off")
     codec: Codecs = Field(default_factory=Codecs)
     quantization: Quantization = Field(default_factory=Quantization)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     firma: Firma = Field(default_factory=Firma)
     fedalign: FedAlign.Options = Field(default_factory=FedAlign.Options)
+
+    @field_validator("cohort", mode="before")
+    @classmethod
+    def _cohort_words(cls, value):
+        """YAML reads a bare off/on as a boolean."""
+        if isinstance(value, bool):
+            return "auto" if value else "off"
+        return value
 
     @model_validator(mode="after")
     def _strategy_options(self):

@@ -204,7 +204,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
                           fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
-                          up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy)
+                          up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
+                          cohort=alg.cohort)
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     edges: list[EdgeInfo] = []
     if sc.topology == "hierarchical":

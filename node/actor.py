@@ -47,6 +47,7 @@ class Reaction:
     work: Callable[[], "Reaction | Callable[[], Reaction]"] | None = None
     checkpoint: int | None = None  # ask for a checkpoint of the whole run at this instant, after this round
     halt: bool = False  # the run is over at this instant: nothing after it happens
+    cohort: bool = False  # the work may run together with other cohort work of its process (node/cohort.py)
 
 
 def portable(value: Any) -> Any:

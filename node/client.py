@@ -13,17 +13,18 @@ import torch
 
 from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
 from .channel import Channel, ChannelStats
+from .cohort import CohortTrainer, TrainRequest, resolve_cohort
 from . import accounting, fedalign
 from .actor import Checkpointable, Message, Reaction, Send
 from .compute import LoadModel, full_speed_seconds, loaded_duration
 from .data import Dataset, with_input_noise
 from .device import DevicePlan
-from .models import build_model, load_numpy_state, state_spec, state_to_numpy
+from .models import build_model, state_spec
 from .schedule import BitSchedule, importance
 from .stages import LocalDP, Privacy
 from .strategies import Strategy
 from .strategies.fedavg import FedAvg
-from .training import LocalTraining, TrainingResult, train_local
+from .training import LocalTraining, TrainingResult
 
 
 @dataclass
@@ -85,21 +86,22 @@ class ClientConfig:
     max_samples: int | None = None  # train on at most this many samples per round (a fresh seeded subset)
     up_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
     strategy: Strategy = field(default_factory=FedAvg)  # its client side: how the global model becomes this client's
+    cohort: str | int = "auto"  # algorithm.cohort: the largest group of clients a host trains together
 
 
 class Trainer:
-    """One model instance shared by every client actor of a host (they train one at a time)."""
+    """One model instance shared by every client actor of a host: they train one at a time, or
+    together in cohorts (node/cohort.py) when the runtime runs their work as a group."""
 
-    def __init__(self, task: TaskSpec):
+    def __init__(self, task: TaskSpec, cohort: str | int = "off"):
         self.task = task
         self.model = task.build()
         self.spec = state_spec(self.model)
+        self.cohorts = CohortTrainer(self.model, resolve_cohort(cohort, self.model, task.device))
 
     def train(self, state, indices, cfg: LocalTraining, rng, fixed_order=None, data: Dataset | None = None
               ) -> tuple[dict[str, np.ndarray], TrainingResult]:
-        load_numpy_state(self.model, state)
-        result = train_local(self.model, data or self.task.train, indices, cfg, rng, fixed_order)
-        return state_to_numpy(self.model), result
+        return self.cohorts.train(TrainRequest(state, data or self.task.train, indices, cfg, rng, fixed_order))
 
 
 class ClientActor(Checkpointable):
@@ -220,7 +222,8 @@ class ClientActor(Checkpointable):
 
         status = self.status(now)
         busy = full_speed_seconds(self.profile.ms_per_sample, trained_on, local.epochs, local.batch_size, self.profile.ms_per_batch)
-        return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work)
+        return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work,
+                        cohort=self.cfg.train)
 
     def _session(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
         """The samples of this round's training session and their fixed batch order: all of them, or

@@ -76,6 +76,8 @@ class CharLSTM(nn.Module):
     """LEAF's Shakespeare model: 8-dimensional character embedding, two LSTM layers of 256, a linear
     layer to the next character (leaf/models/shakespeare/stacked_lstm.py)."""
 
+    COHORT = False  # torch has no vmap rule for its fused LSTM kernel: a cohort would loop client by client
+
     def __init__(self, vocabulary: int, classes: int):
         super().__init__()
         self.embed = nn.Embedding(vocabulary, 8)

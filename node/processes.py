@@ -29,13 +29,18 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
         Runtime.tell_fatal(peer, endpoint, str(exc))
         sys.exit(EXIT_DEVICE)
     task = task.on(placement.device)
+    group = {}
     if isinstance(cfg, RingConfig):
         evaluator = Evaluator(task)
         actors = [RingClientActor(profile, task, cfg, evaluator) for profile in clients]
     else:
-        trainer = Trainer(task)
+        trainer = Trainer(task, cfg.cohort)
         actors = [ClientActor(profile, trainer, cfg) for profile in clients]
-    Runtime(peer, endpoint, actors, parent_pid, restore, announce={"type": "device", **device_info}).run()
+        cohorts = trainer.cohorts
+        if cohorts.max_size > 1:
+            group = {"run_group": cohorts.run_group, "group_size": cohorts.max_size}
+        device_info["cohort"] = cohorts.max_size
+    Runtime(peer, endpoint, actors, parent_pid, restore, announce={"type": "device", **device_info}, **group).run()
 
 
 def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task: TaskSpec, threads: int,

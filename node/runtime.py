@@ -27,6 +27,8 @@ POLL_MS = 500
 HEARTBEAT_S = 1.0  # the network declares a peer lost after run.peer_timeout_s without a message
 LOG_EVERY_S = 5.0
 RESUME = "resume:"  # timer tag of a continuation waiting for its emulated time
+COHORT_QUIET_S = 0.002  # a cohort stops waiting for more work once deliveries pause this long (wall time only)
+COHORT_LINGER_S = 0.02  # and waits at most this long
 
 
 @dataclass(order=True)
@@ -36,6 +38,7 @@ class _Job:
     actor: str = field(compare=False)
     hold: int = field(compare=False)
     work: Callable[[], Reaction | Callable[[], Reaction]] = field(compare=False)
+    cohort: bool = field(compare=False, default=False)
 
 
 def _peek(counters: dict[str, itertools.count], name: str) -> int:
@@ -47,8 +50,13 @@ def _peek(counters: dict[str, itertools.count], name: str) -> int:
 
 class Runtime:
     def __init__(self, peer: str, endpoint: str, actors: list[Actor], parent_pid: int | None = None,
-                 restore: list[str] | None = None, announce: dict | None = None):
+                 restore: list[str] | None = None, announce: dict | None = None,
+                 run_group: Callable[[list[Callable[[], Any]]], list[Any]] | None = None, group_size: int = 1):
         self.peer = peer
+        # Cohorts: up to group_size queued jobs marked cohort run together through run_group
+        # (which runs each work and returns their outcomes in order), in one wall-clock stretch.
+        self.run_group = run_group
+        self.group_size = group_size if run_group is not None else 1
         self.announce = announce  # a report sent right after hello (what this process runs on)
         self.endpoint = endpoint
         self.actors = {a.name: a for a in actors}
@@ -66,6 +74,7 @@ class Runtime:
         self._resumes: dict[int, tuple[str, Callable[[], Reaction]]] = {}
         self._resume_ids = itertools.count()
         self._job_started: float | None = None  # wall time the worker's current job began
+        self._last_delivery = 0.0  # wall time of the latest delivery (cohorts gather while they come)
         self.refused = 0
         self._refused_unlogged = 0
         self._last_refusal_log = -float("inf")
@@ -89,16 +98,54 @@ class Runtime:
                     self._jobs_cv.wait()
                 if self._stopping:
                     return
-                job = heapq.heappop(self._jobs)
+                group = [heapq.heappop(self._jobs)]
+                if group[0].cohort and self.group_size > 1:
+                    self._gather_cohort(group)
                 self._job_started = time.monotonic()
-            try:
-                outcome = job.work()
-            except Exception:
-                traceback.print_exc()
-                outcome = Reaction(reports=[{"type": "error", "actor": job.actor, "error": traceback.format_exc(limit=3)}])
-            self._finished.put((job, outcome))
+            if len(group) == 1:
+                outcomes = [self._guarded(group[0])()]
+            else:
+                self._reports.put({"type": "cohort", "size": len(group)})
+                outcomes = self.run_group([self._guarded(job) for job in group])
+            for job, outcome in zip(group, outcomes):
+                self._finished.put((job, outcome))
             self._job_started = None
             wake()
+
+    def _gather_cohort(self, group: list[_Job]) -> None:
+        """Fill the group with queued cohort jobs, waiting for more while deliveries keep coming
+        (the tasks of a round reach a host one delivery after another, a fraction of a millisecond
+        apart in wall time): until the socket has been quiet for COHORT_QUIET_S, at most
+        COHORT_LINGER_S. Called with the job lock held."""
+        deadline = time.monotonic() + COHORT_LINGER_S
+        while True:
+            group += self._take_cohort(self.group_size - len(group))
+            now = time.monotonic()
+            quiet_until = self._last_delivery + COHORT_QUIET_S
+            if len(group) >= self.group_size or now >= min(deadline, quiet_until) or self._stopping:
+                return
+            self._jobs_cv.wait(min(deadline, quiet_until) - now)
+
+    def _take_cohort(self, most: int) -> list[_Job]:
+        """Up to `most` more queued cohort jobs, earliest first, taken out of the queue. Their
+        outcomes keep their own ready times: running them early changes wall time only."""
+        chosen = heapq.nsmallest(most, (job for job in self._jobs if job.cohort))
+        if chosen:
+            taken = {id(job) for job in chosen}
+            self._jobs = [job for job in self._jobs if id(job) not in taken]
+            heapq.heapify(self._jobs)
+        return chosen
+
+    @staticmethod
+    def _guarded(job: _Job) -> Callable[[], Any]:
+        """The job's work, with an exception turned into an error report of its actor."""
+        def run():
+            try:
+                return job.work()
+            except Exception:
+                traceback.print_exc()
+                return Reaction(reports=[{"type": "error", "actor": job.actor, "error": traceback.format_exc(limit=3)}])
+        return run
 
     def _reporter(self, wake: Callable[[], None]) -> None:
         while True:
@@ -139,10 +186,11 @@ class Runtime:
         ready_at = t + max(0.0, reaction.work_s)
         sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=ready_at, busy_s=reaction.busy_s))
         with self._jobs_cv:
-            heapq.heappush(self._jobs, _Job(ready_at, next(self._job_seq), actor, hold, reaction.work))
+            heapq.heappush(self._jobs, _Job(ready_at, next(self._job_seq), actor, hold, reaction.work, reaction.cohort))
             self._jobs_cv.notify()
 
     def _deliver(self, sock: zmq.Socket, env: dict[str, Any], frames: list[Any]) -> None:
+        self._last_delivery = time.monotonic()
         tag = env["body"].get("tag", "") if env["kind"] == "tick" else ""
         if tag.startswith(RESUME):
             self._resume(sock, env, int(tag[len(RESUME):]))

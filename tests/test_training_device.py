@@ -87,7 +87,8 @@ def test_a_bad_device_name_is_refused_at_validation(tmp_path):
 def test_forced_cpu_trains_on_the_cpu_and_the_run_says_so(tmp_path):
     res, summary, out = run(tmp_path, "cpu", None)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert summary["training_devices"] == {"host0": {"device": "cpu"}, "host1": {"device": "cpu"}}
+    # algorithm.cohort: auto trains one client at a time on a CPU (node/cohort.py)
+    assert summary["training_devices"] == {"host0": {"device": "cpu", "cohort": 1}, "host1": {"device": "cpu", "cohort": 1}}
     assert len(read_csv(out / "rounds.csv")) == 2
 
 
