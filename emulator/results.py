@@ -28,7 +28,7 @@ CLIENT_FIELDS = ["round", "client", "outcome", "samples", "checkin_t", "battery"
                  "download_start", "download_end", "compute_start", "compute_end", "upload_start", "upload_end",
                  "gossip_start", "gossip_end",
                  "payload_bytes_down", "payload_bytes_up", "energy_j", "bits_down", "bits_up", "nu", "loss",
-                 "lipschitz", "sensitivity", "noise_scale", "update_norm", "staleness", "aggregator", "edge_round"]
+                 "lipschitz", "sensitivity", "noise_scale", "update_norm", "dp_epsilon", "dp_epsilon_total", "staleness", "aggregator", "edge_round"]
 DEVICE_FIELDS = ["t", "client", "event", "battery", "energy_j"]
 # topology hierarchical: one row per edge round (tier client: the edge and its clients) and per edge
 # and cloud round (tier cloud: the edge's exchange with the cloud)
@@ -106,7 +106,9 @@ class RunWriter:
         return {"csv_bytes": sizes, **{name: getattr(self, name) for name in WRITER_STATE}}
 
     def privacy_release(self, rep: dict) -> None:
-        self.releases[rep["actor"]].append(Release(rep["what"], rep["mechanism"], rep["epsilon"], rep["delta"], rep["rho"]))
+        rdp = rep.get("rdp")
+        self.releases[rep["actor"]].append(Release(rep["what"], rep["mechanism"], rep["epsilon"], rep["delta"], rep["rho"],
+                                                   tuple(rdp) if rdp else None))
 
     def transfer(self, rec: dict) -> None:
         self._transfers.writerow(rec)

@@ -307,16 +307,32 @@ class Quantization(Strict):
 
 
 class PrivacySpec(Strict):
-    mechanism: Literal["none", "laplace", "gaussian"] = "none"
-    epsilon: Optional[float] = Field(None, gt=0)
+    mechanism: Literal["none", "laplace", "gaussian", "dpsgd"] = Field(
+        "none", description="laplace/gaussian: the core paper's noise on the weights after training; "
+                            "dpsgd: per-sample clipping and Gaussian noise at every step (Abadi et al. 2016)")
+    epsilon: Optional[float] = Field(None, gt=0, description="laplace/gaussian: the budget; dpsgd reports what it spends")
     delta: float = Field(0.0, ge=0, lt=1, description="gaussian only")
-    clip: Optional[float] = Field(None, gt=0, description="gradient-norm threshold xi: L1 for laplace, L2 for gaussian")
+    clip: Optional[float] = Field(
+        None, gt=0, description="gradient-norm threshold xi: L1 for laplace, L2 for gaussian; dpsgd: per-sample L2 bound C")
+    noise_multiplier: Optional[float] = Field(None, gt=0, description="dpsgd: sigma, the noise std is sigma * clip")
+    sampling: Literal["poisson", "shuffle"] = Field(
+        "poisson", description="dpsgd: poisson (each sample in each step with probability B/n, what the RDP accountant "
+                               "assumes) or shuffle (fixed batches; accounted without sampling amplification)")
     noise_factor: Literal["code", "paper"] = Field("code", description="c_T of Eq. 1.11: code (T/E)(P/N), paper T/P")
     accounting_delta: float = Field(
         1e-5, gt=0, lt=1, description="the delta at which summary.json converts each client's composed zCDP to (epsilon, delta)")
 
     @model_validator(mode="after")
     def _complete(self):
+        if self.mechanism == "dpsgd":
+            if self.clip is None or self.noise_multiplier is None:
+                raise ValueError("mechanism dpsgd needs clip and noise_multiplier")
+            if self.epsilon is not None:
+                raise ValueError("epsilon: dpsgd spends what clip, noise_multiplier, sampling and the steps give; "
+                                 "the run reports it (clients.csv dp_epsilon, summary.json privacy_spent)")
+            return self
+        if self.noise_multiplier is not None:
+            raise ValueError(f"noise_multiplier: only for mechanism dpsgd, got mechanism {self.mechanism}")
         if self.mechanism != "none":
             if self.epsilon is None or self.clip is None:
                 raise ValueError(f"mechanism {self.mechanism} needs epsilon and clip")
@@ -589,6 +605,10 @@ class Scenario(Strict):
                              f"(this scenario has topology {self.topology}, clock.mode {self.clock.mode})")
         if self.algorithm.name == "fedalign" and self.algorithm.privacy.mechanism != "none":
             raise ValueError("algorithm.privacy is the core paper's local DP; FedAlign has its own (algorithm.fedalign.clip, epsilon)")
+        if self.algorithm.privacy.mechanism == "dpsgd" and self.task.model in ("vgg7", "char_lstm"):
+            raise ValueError(f"algorithm.privacy.mechanism dpsgd needs per-sample gradients: task.model {self.task.model} "
+                             "has " + ("BatchNorm, which mixes the samples of a batch" if self.task.model == "vgg7" else
+                                       "an LSTM, which has no vectorised per-sample rule") + "; use mnist_cnn, mlp or firma_mlp")
         if self.algorithm.name == "fibfl" and self.task.model != "firma_mlp":
             raise ValueError(f"algorithm fibfl keeps a private head: task.model must be firma_mlp, got {self.task.model!r}")
         return self

@@ -200,7 +200,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     )
     dp = alg.privacy
     privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
-                      noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n))
+                      noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n),
+                      dp.noise_multiplier or 0.0, dp.sampling, dp.accounting_delta)
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
                           fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,

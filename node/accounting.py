@@ -4,14 +4,21 @@
   which N(0, sigma^2) noise on a query of L2 sensitivity D is (epsilon, delta)-DP, for any
   epsilon > 0. The classic sigma = D sqrt(2 ln(1.25/delta)) / epsilon holds only for epsilon <= 1
   (and is loose there).
-- Composition over a client's releases, two ways, both reported:
+- The sampled Gaussian mechanism of DP-SGD in Renyi DP (Mironov, Talwar & Zhang 2019, "Renyi
+  Differential Privacy of the Sampled Gaussian Mechanism", Sections 3.2-3.3), composed over steps
+  and rounds by adding RDP order by order, converted to (epsilon, delta) with Balle et al. 2020
+  ("Hypothesis testing interpretations and Renyi DP", Theorem 21):
+  eps = rdp(a) + log((a - 1)/a) - (log delta + log a)/(a - 1), minimised over the orders a.
+- Composition over a client's releases, three ways, all reported:
   basic: the epsilons and the deltas add up;
   zCDP (Bun & Steinke 2016): a Gaussian release of sensitivity D and noise sigma is
   D^2 / (2 sigma^2)-zCDP, a pure epsilon-DP release (Laplace) is epsilon^2 / 2-zCDP, the rhos add
-  up, and rho-zCDP implies (rho + 2 sqrt(rho ln(1/delta)), delta)-DP for every delta > 0.
+  up, and rho-zCDP implies (rho + 2 sqrt(rho ln(1/delta)), delta)-DP for every delta > 0;
+  RDP: each release's RDP curve (a rho-zCDP release has a * rho), added up order by order.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterable
@@ -59,14 +66,119 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
     return high
 
 
+# ---- Renyi DP of the sampled Gaussian mechanism ------------------------------------------------
+ORDERS = tuple([1.0 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))  # the usual grid (TF Privacy, Opacus)
+
+
+def _log_add(a: float, b: float) -> float:
+    hi, lo = max(a, b), min(a, b)
+    return hi if lo == -math.inf else hi + math.log1p(math.exp(lo - hi))
+
+
+def _log_sub(a: float, b: float) -> float:
+    """log(e^a - e^b) for a >= b."""
+    if b == -math.inf:
+        return a
+    if a <= b:
+        return -math.inf  # the series' partial sums are positive; a tie is rounding
+    return a + math.log(-math.expm1(b - a))
+
+
+def _log_erfc(x: float) -> float:
+    return math.log(2.0) + log_ndtr(-x * _SQRT2)
+
+
+def _log_binom_signed(alpha: float, i: int) -> tuple[float, int]:
+    """(log |C(alpha, i)|, its sign) for real alpha >= 0 and integer i >= 0."""
+    top = alpha - i + 1.0  # C(alpha, i) = Gamma(alpha+1) / (Gamma(i+1) Gamma(alpha-i+1))
+    if top <= 0 and top == int(top):
+        return -math.inf, 0
+    sign = 1 if top > 0 or math.ceil(-top) % 2 == 0 else -1
+    return math.lgamma(alpha + 1.0) - math.lgamma(i + 1.0) - math.lgamma(top), sign
+
+
+def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
+    """log A_alpha = log E[(mu_1 / mu_0)^alpha] for integer alpha (Section 3.2)."""
+    log_a = -math.inf
+    for k in range(alpha + 1):
+        term = (math.lgamma(alpha + 1) - math.lgamma(k + 1) - math.lgamma(alpha - k + 1)
+                + k * math.log(q) + (alpha - k) * math.log1p(-q) + (k * k - k) / (2.0 * sigma**2))
+        log_a = _log_add(log_a, term)
+    return log_a
+
+
+def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
+    """log A_alpha for fractional alpha: A_0 + A_1, two series that converge (Section 3.3)."""
+    log_a0 = log_a1 = -math.inf
+    z0 = sigma**2 * math.log(1.0 / q - 1.0) + 0.5
+    i = 0
+    while True:
+        log_coef, sign = _log_binom_signed(alpha, i)
+        j = alpha - i
+        log_t0 = log_coef + i * math.log(q) + j * math.log1p(-q)
+        log_t1 = log_coef + j * math.log(q) + i * math.log1p(-q)
+        log_s0 = log_t0 + (i * i - i) / (2.0 * sigma**2) + math.log(0.5) + _log_erfc((i - z0) / (_SQRT2 * sigma))
+        log_s1 = log_t1 + (j * j - j) / (2.0 * sigma**2) + math.log(0.5) + _log_erfc((z0 - j) / (_SQRT2 * sigma))
+        if sign > 0:
+            log_a0, log_a1 = _log_add(log_a0, log_s0), _log_add(log_a1, log_s1)
+        elif sign < 0:
+            log_a0, log_a1 = _log_sub(log_a0, log_s0), _log_sub(log_a1, log_s1)
+        i += 1
+        if i > alpha + 1 and max(log_s0, log_s1) < _log_add(log_a0, log_a1) - 30.0:
+            return _log_add(log_a0, log_a1)
+        if i > 10_000:
+            raise ArithmeticError(f"the RDP series did not converge (q={q}, sigma={sigma}, alpha={alpha})")
+
+
+def sampled_gaussian_rdp(q: float, sigma: float, alpha: float) -> float:
+    """RDP at order alpha of one step of the sampled Gaussian mechanism: each record is in the
+    batch with probability q (Poisson sampling), the clipped sum gets N(0, (sigma C)^2) noise."""
+    if q <= 0:
+        return 0.0
+    if sigma <= 0:
+        return math.inf
+    if q >= 1.0:
+        return alpha / (2.0 * sigma**2)
+    if float(alpha).is_integer():
+        return _log_a_integer(q, sigma, int(alpha)) / (alpha - 1.0)
+    return _log_a_fractional(q, sigma, alpha) / (alpha - 1.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _step_curve(q: float, sigma: float, orders: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(sampled_gaussian_rdp(q, sigma, a) for a in orders)
+
+
+def dpsgd_rdp(q: float, sigma: float, steps: int, orders: tuple[float, ...] = ORDERS) -> tuple[float, ...]:
+    """RDP curve of `steps` DP-SGD steps with Poisson sampling rate q and noise multiplier sigma."""
+    return tuple(steps * r for r in _step_curve(q, sigma, orders))
+
+
+def rdp_epsilon(rdp: Iterable[float], delta: float, orders: tuple[float, ...] = ORDERS) -> tuple[float, float]:
+    """(epsilon, the order that gives it) of an RDP curve at delta."""
+    best = (math.inf, math.nan)
+    for a, r in zip(orders, rdp):
+        if math.isinf(r) or a <= 1:
+            continue
+        eps = r + math.log((a - 1.0) / a) - (math.log(delta) + math.log(a)) / (a - 1.0)
+        if eps < best[0]:
+            best = (max(eps, 0.0), a)
+    return best
+
+
 @dataclass(frozen=True)
 class Release:
-    """One noised message a client sent: its own (epsilon, delta) and its zCDP rho."""
+    """One noised message a client sent: its own (epsilon, delta), its zCDP rho and, where it is
+    tighter than a * rho (DP-SGD with sampling), its RDP curve at ORDERS."""
     what: str  # e.g. "update", "statistics"
-    mechanism: str  # laplace | gaussian
+    mechanism: str  # laplace | gaussian | dpsgd
     epsilon: float
     delta: float
     rho: float
+    rdp: tuple[float, ...] | None = None
+
+    def rdp_curve(self) -> tuple[float, ...]:
+        return self.rdp if self.rdp is not None else tuple(a * self.rho for a in ORDERS)
 
 
 def laplace_release(what: str, epsilon: float) -> Release:
@@ -86,10 +198,13 @@ def compose(releases: Iterable[Release], delta: float) -> dict:
     """What a sequence of releases spent in total: basic composition and zCDP at `delta`."""
     releases = list(releases)
     rho = sum(r.rho for r in releases)
+    rdp = [sum(values) for values in zip(*(r.rdp_curve() for r in releases))] if releases else [0.0] * len(ORDERS)
+    epsilon, order = rdp_epsilon(rdp, delta)
     return {
         "releases": len(releases),
         "basic": {"epsilon": sum(r.epsilon for r in releases), "delta": sum(r.delta for r in releases)},
         "zcdp": {"rho": rho, "epsilon": zcdp_epsilon(rho, delta), "delta": delta},
+        "rdp": {"epsilon": epsilon if releases else 0.0, "order": order, "delta": delta},
     }
 
 
@@ -101,6 +216,6 @@ def ledger_summary(releases: dict[str, list[Release]], delta: float) -> dict:
         "accounting_delta": delta,
         "clients": len(per_client),
         "max_basic_epsilon": worst(("basic", "epsilon")), "max_basic_delta": worst(("basic", "delta")),
-        "max_zcdp_epsilon": worst(("zcdp", "epsilon")),
+        "max_zcdp_epsilon": worst(("zcdp", "epsilon")), "max_rdp_epsilon": worst(("rdp", "epsilon")),
         "per_client": per_client,
     }

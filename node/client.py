@@ -21,7 +21,7 @@ from .data import Dataset, with_input_noise
 from .device import DevicePlan
 from .models import build_model, state_spec
 from .schedule import BitSchedule, importance
-from .stages import LocalDP, Privacy
+from .stages import Privacy, privacy_stage
 from .strategies import Strategy
 from .strategies.fedavg import FedAvg
 from .training import LocalTraining, TrainingResult
@@ -105,7 +105,7 @@ class Trainer:
 
 
 class ClientActor(Checkpointable):
-    STATE = ("rejected", "generation", "pending", "feedback")
+    STATE = ("rejected", "generation", "pending", "feedback", "rdp_spent")
 
     def __init__(self, profile: ClientProfile, trainer: Trainer, cfg: ClientConfig):
         self.name = profile.name
@@ -120,6 +120,7 @@ class ClientActor(Checkpointable):
         self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
         self.feedback = ErrorFeedback() if cfg.error_feedback else None
         self.up_stats = ChannelStats()
+        self.rdp_spent: tuple[float, ...] | None = None  # the RDP curve of every release this client sent
 
     def _reject(self, msg: Message, error: str) -> Reaction:
         self.rejected += 1
@@ -156,7 +157,7 @@ class ClientActor(Checkpointable):
         """Train on the task's model and send the update. With FedAlign, `sampled` is this round's S_k
         and `target` the global moments its data is aligned to."""
         body = task.body
-        dp = LocalDP(self.cfg.privacy)
+        dp = privacy_stage(self.cfg.privacy)
         local = dp.training(LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
                                           shuffle=self.cfg.shuffle, prox_mu=self.cfg.prox_mu))
         samples = int(self.profile.indices.size)
@@ -197,6 +198,9 @@ class ClientActor(Checkpointable):
                     state, local, lambda start, config: self.trainer.train(start, indices, config, rng, order, data))
                 info["loss"], info["loss_rms"] = result.loss, result.loss_rms
                 new_state, release = dp.privatize(new_state, result, local, rng, info)
+                if release is not None and release.rdp is not None:  # DP-SGD: its epsilon so far, with this round
+                    spent = self._spent_with(release)
+                    info["dp_epsilon_total"] = accounting.rdp_epsilon(spent, self.cfg.privacy.accounting_delta)[0]
             else:
                 new_state = state
             if sampled is not None:
@@ -216,6 +220,8 @@ class ClientActor(Checkpointable):
                 if generation != self.generation:
                     return Reaction()  # the device went off and on meanwhile: this work died with it
                 out.commit()
+                if release:
+                    self.rdp_spent = self._spent_with(release)
                 return Reaction(sends=[update], reports=[self._released(task.round, release)] if release else [])
 
             return deliver
@@ -257,6 +263,11 @@ class ClientActor(Checkpointable):
             reports.append(self._released(task.round, release))
         return Reaction(sends=[Send(self.profile.aggregator, "stats", task.round, {"samples": int(self.profile.indices.size)},
                                     encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], reports=reports)
+
+    def _spent_with(self, release: accounting.Release) -> tuple[float, ...]:
+        """This client's RDP curve with one more release (RDP composes by adding, order by order)."""
+        curve = release.rdp_curve()
+        return curve if self.rdp_spent is None else tuple(a + b for a, b in zip(self.rdp_spent, curve))
 
     def _released(self, round_: int, release: accounting.Release) -> dict:
         """A report for the run's privacy ledger: this client sent a noised message."""

@@ -26,7 +26,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from .data import Dataset
 from .models import load_numpy_state, state_to_numpy
 from .privacy import CLIP_EPSILON, LipschitzEstimate
-from .training import LocalTraining, TrainingResult, batches, device_of, train_local
+from .training import LocalTraining, TrainingResult, batches, device_of, steps_per_epoch, train_local
 
 
 
@@ -42,7 +42,7 @@ class TrainRequest:
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-int(self.indices.size) // self.cfg.batch_size)
+        return steps_per_epoch(self.indices.size, self.cfg.batch_size)
 
     @property
     def key(self) -> tuple:
@@ -86,13 +86,12 @@ def train_cohort(model: nn.Module, requests: Sequence[TrainRequest]) -> list[tup
     anchor = {n: p.clone() for n, p in params.items()} if cfg.prox_mu > 0 else None
     estimates = [LipschitzEstimate(cfg.lr) for _ in requests] if cfg.estimate_lipschitz else None
 
-    def objective(p, a, x, y, weight):
-        per_sample = nn.functional.cross_entropy(functional_call(model, p, (x,)), y, reduction="none")
-        loss = (per_sample * weight).sum()
-        total = loss if a is None else loss + 0.5 * cfg.prox_mu * sum(((p[n] - a[n]) ** 2).sum() for n in p)
-        return total, (loss.detach(), per_sample.detach())
-
-    step = vmap(grad_and_value(objective, has_aux=True), in_dims=(0, 0 if anchor is not None else None, 0, 0, 0))
+    if cfg.dpsgd is not None:
+        # each client's noise comes from a torch generator seeded by one draw from its own rng
+        generators = [torch.Generator(device=device).manual_seed(int(r.rng.integers(2**62))) for r in requests]
+        gradient = _dpsgd_gradient(model, cfg, anchor, generators)
+    else:
+        gradient = _batch_gradient(model, cfg, anchor)
     fixed = [r.fixed_order if cfg.shuffle == "once" else None for r in requests]
     model.train()
     last = np.zeros(count)
@@ -103,8 +102,10 @@ def train_cohort(model: nn.Module, requests: Sequence[TrainRequest]) -> list[tup
         squares = np.zeros(count)
         seen = np.zeros(count)
         for position in range(requests[0].steps_per_epoch):
-            x, y, weight, sizes = _stack_batch([r.data for r in requests], [plan[position] for plan in plans], cfg.batch_size, device)
-            grads, (_, (loss, per_sample)) = step(params, anchor, x, y, weight)
+            picks = [plan[position] for plan in plans]
+            width = cfg.batch_size * max(1, -(-max(p.size for p in picks) // cfg.batch_size))  # Poisson batches may be larger
+            x, y, weight, sizes = _stack_batch([r.data for r in requests], picks, [r.indices[0] for r in requests], width, device)
+            grads, loss, per_sample = gradient(params, x, y, weight, sizes)
             if cfg.clip is not None or estimates is not None:
                 _clip_and_estimate(grads, cfg, estimates, position)
             with torch.no_grad():
@@ -124,18 +125,79 @@ def train_cohort(model: nn.Module, requests: Sequence[TrainRequest]) -> list[tup
     return out
 
 
-def _stack_batch(datas: Sequence[Dataset], picks: Sequence[np.ndarray], width: int, device: torch.device):
-    """Inputs [C, B, ...], labels [C, B], weights [C, B] (1/size for real samples, 0 for padding)
-    and the real sizes. A short batch is padded with copies of its first sample, always to the full
-    batch size: a client's sums must have the same shape whoever trains beside it."""
+def _batch_gradient(model: nn.Module, cfg: LocalTraining, anchor: dict[str, torch.Tensor] | None):
+    """Per client: the gradient of its mean batch loss (plus FedProx's term), its mean loss and
+    its per-sample losses."""
+    def objective(p, a, x, y, weight):
+        per_sample = nn.functional.cross_entropy(functional_call(model, p, (x,)), y, reduction="none")
+        loss = (per_sample * weight).sum()
+        total = loss if a is None else loss + 0.5 * cfg.prox_mu * sum(((p[n] - a[n]) ** 2).sum() for n in p)
+        return total, (loss.detach(), per_sample.detach())
+
+    step = vmap(grad_and_value(objective, has_aux=True), in_dims=(0, 0 if anchor is not None else None, 0, 0, 0))
+
+    def gradient(params, x, y, weight, sizes):
+        grads, (_, (loss, per_sample)) = step(params, anchor, x, y, weight)
+        return grads, loss, per_sample
+
+    return gradient
+
+
+def _dpsgd_gradient(model: nn.Module, cfg: LocalTraining, anchor: dict[str, torch.Tensor] | None,
+                    generators: list[torch.Generator]):
+    """Per client, DP-SGD's noisy gradient (Abadi et al. 2016, Algorithm 1): per-sample gradients
+    (vmap over the samples inside vmap over the clients), each clipped to L2 norm C over all
+    parameters, summed, N(0, (sigma C)^2) noise added per coordinate, divided by the batch size B
+    (the expected batch size under Poisson sampling, as Opacus does). FedProx's term, which does
+    not depend on the data, is added unclipped."""
+    dp = cfg.dpsgd
+
+    def sample_loss(p, x1, y1):
+        return nn.functional.cross_entropy(functional_call(model, p, (x1.unsqueeze(0),)), y1.unsqueeze(0))
+
+    per_sample_grads = vmap(vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0)), in_dims=(0, 0, 0))
+    std = dp.noise_multiplier * dp.clip
+
+    def gradient(params, x, y, weight, sizes):
+        grads, losses = per_sample_grads(params, x, y)
+        count, width = losses.shape
+        valid = (weight > 0).to(losses.dtype)
+        norms = torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g.reshape(count, width, -1), 2, dim=2) for g in grads.values()], dim=2), 2, dim=2)
+        factor = (dp.clip / (norms + CLIP_EPSILON)).clamp(max=1.0) * valid
+        out = {}
+        for n, g in grads.items():
+            rows = []
+            for c in range(count):
+                k = int(sizes[c])  # a client's own samples only, whatever the padding: sums of its own shape
+                summed = torch.einsum("i,i...->...", factor[c, :k], g[c, :k])
+                noise = torch.normal(0.0, std, size=summed.shape, generator=generators[c], device=summed.device)
+                rows.append((summed + noise) / cfg.batch_size)
+            out[n] = torch.stack(rows)
+            if anchor is not None:
+                out[n] = out[n] + cfg.prox_mu * (params[n] - anchor[n])
+        loss = (losses * valid).sum(1) / torch.as_tensor(np.maximum(sizes, 1), dtype=losses.dtype, device=losses.device)
+        return out, loss.detach(), losses.detach()
+
+    return gradient
+
+
+def _stack_batch(datas: Sequence[Dataset], picks: Sequence[np.ndarray], fallback: Sequence[int], width: int,
+                 device: torch.device):
+    """Inputs [C, W, ...], labels [C, W], weights [C, W] (1/size for real samples, 0 for padding)
+    and the real sizes. A short batch is padded with copies of its first sample (of the client's
+    first sample if it is empty), always to the full batch size: a client's sums must have the
+    same shape whoever trains beside it."""
     xs, ys = [], []
     weight = torch.zeros(len(picks), width, device=device)
     for c, (data, pick) in enumerate(zip(datas, picks)):
-        idx = pick if pick.size == width else np.concatenate([pick, np.full(width - pick.size, pick[0])])
+        pad = pick[0] if pick.size else fallback[c]
+        idx = pick if pick.size == width else np.concatenate([pick, np.full(width - pick.size, pad)]).astype(np.int64)
         x, y = data.batch(torch.from_numpy(idx))
         xs.append(x.to(device, non_blocking=True))
         ys.append(y.to(device, non_blocking=True))
-        weight[c, :pick.size] = 1.0 / pick.size
+        if pick.size:
+            weight[c, :pick.size] = 1.0 / pick.size
     sizes = np.array([p.size for p in picks], dtype=np.float64)
     return torch.stack(xs), torch.stack(ys), weight, sizes
 
@@ -239,6 +301,8 @@ class CohortTrainer:
         return results
 
     def _one(self, r: TrainRequest) -> tuple[dict[str, np.ndarray], TrainingResult]:
+        if r.cfg.dpsgd is not None:  # per-sample gradients: the vectorised path, a cohort of one
+            return train_cohort(self.model, [r])[0]
         load_numpy_state(self.model, r.state)
         result = train_local(self.model, r.data, r.indices, r.cfg, r.rng, r.fixed_order)
         return state_to_numpy(self.model), result

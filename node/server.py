@@ -50,7 +50,8 @@ class ServerConfig:
     checkpoint_every: int | None = None  # ask for a checkpoint after every this many rounds
 
 
-CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale", "update_norm")
+CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale", "update_norm", "dp_epsilon",
+                 "dp_epsilon_total")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import accounting
 from .privacy import add_noise, noise_scale, sensitivity
-from .training import LocalTraining, TrainingResult
+from .training import DpSgd, LocalTraining, TrainingResult, steps_per_epoch
 
 
 @dataclass(frozen=True)
@@ -20,10 +20,13 @@ class Privacy:
     delta: float = 0.0
     clip: float | None = None  # xi; L1 for laplace, L2 for gaussian
     factor: float = 1.0  # c_T of Eq. 1.11, already resolved for this run
+    noise_multiplier: float = 0.0  # dpsgd: sigma (the noise std is sigma * clip)
+    sampling: str = "poisson"  # dpsgd: poisson | shuffle
+    accounting_delta: float = 1e-5  # the delta at which spent privacy is reported as epsilon
 
     @property
     def clip_norm(self) -> float:
-        return 2.0 if self.mechanism == "gaussian" else 1.0
+        return 1.0 if self.mechanism == "laplace" else 2.0
 
 
 class LocalDP:
@@ -48,3 +51,37 @@ class LocalDP:
         release = accounting.laplace_release("update", per_round) if p.mechanism == "laplace" else \
             accounting.gaussian_release("update", scale, sens, per_round, p.delta)
         return add_noise(state, p.mechanism, scale, rng), release
+
+
+class DpSgdStage:
+    """DP-SGD (Abadi et al. 2016) as a stage: per-sample clipping and Gaussian noise at every step
+    of local training (node/cohort.py), nothing added afterwards. Its release is the sampled
+    Gaussian mechanism over this round's steps, accounted in Renyi DP (node/accounting.py):
+    with Poisson sampling at rate q = B/n per step; with shuffled batches, where sampling
+    amplification is not proven, each record is in one batch per epoch, so an epoch is one
+    Gaussian mechanism of sensitivity C and the epochs compose (RDP a E / (2 sigma^2))."""
+
+    def __init__(self, privacy: Privacy):
+        self.p = privacy
+
+    def training(self, local: LocalTraining) -> LocalTraining:
+        return replace(local, dpsgd=DpSgd(self.p.noise_multiplier, self.p.clip, self.p.sampling))
+
+    def privatize(self, state, result: TrainingResult, local: LocalTraining, rng, info: dict[str, Any]):
+        p = self.p
+        sigma = p.noise_multiplier
+        if p.sampling == "poisson":
+            steps = local.epochs * steps_per_epoch(result.samples_seen, local.batch_size)
+            rdp = accounting.dpsgd_rdp(min(1.0, local.batch_size / max(1, result.samples_seen)), sigma, steps)
+            rho = steps / (2.0 * sigma**2)  # zCDP without amplification: a valid, looser bound
+        else:
+            rho = local.epochs / (2.0 * sigma**2)
+            rdp = tuple(a * rho for a in accounting.ORDERS)
+        epsilon, _ = accounting.rdp_epsilon(rdp, p.accounting_delta)
+        info.update(noise_multiplier=sigma, dp_epsilon=epsilon)
+        return state, accounting.Release("update", "dpsgd", epsilon, p.accounting_delta, rho, rdp)
+
+
+def privacy_stage(privacy: Privacy) -> "LocalDP | DpSgdStage":
+    """The client stage of the configured mechanism."""
+    return DpSgdStage(privacy) if privacy.mechanism == "dpsgd" else LocalDP(privacy)

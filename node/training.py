@@ -13,6 +13,15 @@ from .privacy import LipschitzEstimate, clip_flat, clip_gradients, flat_gradient
 
 
 @dataclass(frozen=True)
+class DpSgd:
+    """DP-SGD (Abadi et al. 2016): each sample's gradient clipped to L2 norm `clip`, Gaussian noise
+    of std noise_multiplier * clip added to their sum, divided by the batch size."""
+    noise_multiplier: float
+    clip: float
+    sampling: str = "poisson"  # poisson: each sample in each step with probability B/n; shuffle: fixed batches
+
+
+@dataclass(frozen=True)
 class LocalTraining:
     epochs: int
     batch_size: int
@@ -22,6 +31,7 @@ class LocalTraining:
     estimate_lipschitz: bool = False  # Eq. 1.9
     shuffle: str = "every_epoch"  # or "once": batches built once per client and replayed (the paper's MNIST loader)
     prox_mu: float = 0.0  # FedProx: add (mu/2) ||w - w_global||^2 to the local loss
+    dpsgd: DpSgd | None = None  # per-sample clipping and noise at every step (node/cohort.py runs it)
 
 
 @dataclass
@@ -43,7 +53,16 @@ def on_device(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) ->
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
+def steps_per_epoch(samples: int, batch_size: int) -> int:
+    return max(1, -(-int(samples) // batch_size))
+
+
 def batches(indices: np.ndarray, cfg: LocalTraining, rng: np.random.Generator, fixed: np.ndarray | None):
+    """One epoch's batches. Under DP-SGD with Poisson sampling, steps_per_epoch batches in which
+    each sample is independently with probability B/n (their sizes vary; one may be empty)."""
+    if cfg.dpsgd is not None and cfg.dpsgd.sampling == "poisson":
+        rate = min(1.0, cfg.batch_size / max(1, indices.size))
+        return [indices[rng.random(indices.size) < rate] for _ in range(steps_per_epoch(indices.size, cfg.batch_size))]
     order = fixed if fixed is not None else rng.permutation(indices)
     return [order[s:s + cfg.batch_size] for s in range(0, order.size, cfg.batch_size)]
 
@@ -54,6 +73,8 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
 
     With shuffle "once" the caller passes `fixed_order`, the same for every epoch (and round), so
     batch position k holds the same samples in every epoch, which Eq. 1.9 compares."""
+    if cfg.dpsgd is not None:
+        raise ValueError("DP-SGD needs per-sample gradients: it trains through node.cohort.train_cohort")
     model.train()
     device = device_of(model)
     params = [p for p in model.parameters() if p.requires_grad]

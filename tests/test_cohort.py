@@ -255,6 +255,10 @@ def test_a_run_with_cohorts_has_the_same_times_bytes_and_drop_outs(tmp_path):
     assert any(r["outcome"] == "ok" for r in on_clients)
     for off, on in zip(off_clients, on_clients, strict=True):
         for key in off:
+            if key == "download_start" and not off["download_end"] and off["outcome"] == "dropped_offline":
+                # whether a task sent to a device at the very instant it goes offline logs a download
+                # start depends on which reaches the network first (so in runs without cohorts too)
+                continue
             if key in float_columns and off[key]:
                 assert math.isclose(float(on[key]), float(off[key]), rel_tol=1e-3), (key, off, on)
             else:
