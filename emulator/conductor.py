@@ -2,6 +2,7 @@
 supervise them, write the run directory as results arrive, and always clean up."""
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -142,6 +143,10 @@ class Conductor:
     # ---- processes -----------------------------------------------------------------------------
     def _spawn(self, world: World, endpoint: str, restore: Path | None = None) -> None:
         ctx = mp.get_context("fork")  # node processes inherit the imported modules and the loaded data
+        # Keep the inherited objects out of the children's garbage collections: a collection touches
+        # every tracked object and so copies the page it sits on into each child (copy-on-write).
+        gc.collect()
+        gc.freeze()
         me = os.getpid()
         topo = self.topology = topology_of(self.sc.topology, world)
         hosts = [f"host{h}" for h in range(world.hosts)]
