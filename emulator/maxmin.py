@@ -1,0 +1,238 @@
+"""Max-min fair rates kept up to date as flows come and go, instead of recomputed from scratch.
+
+A link is shared when two or more flows cross it. Three cases, from cheapest:
+- A flow on no shared link runs at its narrowest link (its own access link, say).
+- A star: a shared link L whose flows cross no other shared link (the server link of a round's
+  uploads, each also on its own access link). With p_i the narrowest other link of flow i, max-min
+  gives min(p_i, s_L), where the water level s_L solves sum_i min(p_i, s_L) = C_L (no level: L is
+  not saturated). The p_i of L's flows are kept sorted in blocks with their sums, so a flow
+  arriving or leaving costs O(sqrt F) and s_L is found in O(sqrt F); no other flow's number is
+  touched, and a rate is read in O(1).
+- Anything else (a flow on two shared links, as behind a shared cell and the server): its
+  connected component (flows linked by shared links) is solved again from scratch with
+  `max_min_fill`, and only that component.
+
+`rates()` equals `links.max_min_rates` on the same flows (tests/test_maxmin.py checks it on random
+topologies); rounding differs (sums are taken in another order), within 1e-9 relative."""
+from __future__ import annotations
+
+import bisect
+import itertools
+from typing import Hashable, Mapping, Sequence
+
+INF = float("inf")
+BLOCK = 64  # sorted blocks hold BLOCK..2 BLOCK values: O(sqrt F) with a small constant in Python
+
+
+class _SortedCaps:
+    """The private caps of a star's flows, sorted, in blocks with their sums; and the water level."""
+
+    def __init__(self) -> None:
+        self.blocks: list[list[tuple[float, int]]] = []
+        self.maxes: list[tuple[float, int]] = []
+        self.sums: list[float] = []
+        self.finite = 0
+        self.infinite = 0  # flows with no other link: they take whatever the level is
+
+    def __len__(self) -> int:
+        return self.finite + self.infinite
+
+    def insert(self, cap: float, seq: int) -> None:
+        if cap >= INF:
+            self.infinite += 1
+            return
+        item = (cap, seq)
+        self.finite += 1
+        if not self.blocks:
+            self.blocks, self.maxes, self.sums = [[item]], [item], [cap]
+            return
+        b = min(bisect.bisect_left(self.maxes, item), len(self.blocks) - 1)
+        block = self.blocks[b]
+        bisect.insort(block, item)
+        if len(block) > 2 * BLOCK:
+            half = len(block) // 2
+            low, high = block[:half], block[half:]
+            self.blocks[b:b + 1] = [low, high]
+            self.maxes[b:b + 1] = [low[-1], high[-1]]
+            self.sums[b:b + 1] = [sum(c for c, _ in low), sum(c for c, _ in high)]
+        else:
+            self.maxes[b] = block[-1]
+            self.sums[b] = sum(c for c, _ in block)  # summed afresh: no drift from running updates
+
+    def remove(self, cap: float, seq: int) -> None:
+        if cap >= INF:
+            self.infinite -= 1
+            return
+        item = (cap, seq)
+        b = bisect.bisect_left(self.maxes, item)
+        block = self.blocks[b] if b < len(self.blocks) else []
+        i = bisect.bisect_left(block, item)
+        if i >= len(block) or block[i] != item:
+            raise KeyError(item)
+        del block[i]
+        self.finite -= 1
+        if block:
+            self.maxes[b] = block[-1]
+            self.sums[b] = sum(c for c, _ in block)
+        else:
+            del self.blocks[b], self.maxes[b], self.sums[b]
+
+    def level(self, capacity: float) -> float:
+        """s with sum_i min(p_i, s) = capacity, or INF when every flow fits under its own cap.
+        Flow k (in increasing p) is held by its own cap when S_k + p_k (n - k) < C, a condition
+        that only gets harder with k: find the last such k, block by block."""
+        n = self.finite + self.infinite
+        below, held = 0.0, 0  # sum and count of the caps known to hold their flows
+        for block, total in zip(self.blocks, self.sums):
+            if below + total + block[-1][0] * (n - held - len(block)) < capacity:
+                below += total
+                held += len(block)
+                continue
+            for cap, _ in block:
+                if below + cap + cap * (n - held - 1) >= capacity:
+                    return max(capacity - below, 0.0) / (n - held)
+                below += cap
+                held += 1
+        return (capacity - below) / (n - held) if n > held else INF
+
+
+class IncrementalMaxMin:
+    """Max-min fair rates of a changing set of flows. `add`, `remove` and `set_capacity` change
+    it; `rate(fid)` reads one flow's rate, `rates()` all of them."""
+
+    def __init__(self, capacity: Mapping[Hashable, float]):
+        self.capacity: dict[Hashable, float] = {k: float(v) for k, v in capacity.items()}
+        self.routes: dict[Hashable, tuple[Hashable, ...]] = {}  # as given
+        self.paths: dict[Hashable, tuple[Hashable, ...]] = {}  # its finite links, each once
+        self.users: dict[Hashable, dict[Hashable, None]] = {}  # link -> its flows, in arrival order
+        self.seq: dict[Hashable, int] = {}
+        self._seqs = itertools.count()
+        self.attached: dict[Hashable, tuple[Hashable, ...]] = {}  # flow -> its shared links when placed
+        self.impure: dict[Hashable, int] = {}  # link -> its flows that cross another shared link too
+        self.caps: dict[Hashable, _SortedCaps] = {}  # link -> the other caps of its flows with one shared link
+        self.private: dict[Hashable, float] = {}  # flow -> its narrowest link but its one shared link
+        self.levels: dict[Hashable, float] = {}  # star link -> its water level, while valid
+        self.general: dict[Hashable, float] = {}  # rates of flows in other components, while valid
+        self.dirty: set[Hashable] = set()  # flows whose component must be solved again
+
+    # ---- changes -----------------------------------------------------------------------------
+    def add(self, fid: Hashable, path: Sequence[Hashable]) -> None:
+        if fid in self.paths:
+            raise KeyError(f"flow {fid!r} is already there")
+        links = tuple(dict.fromkeys(link for link in path if self.capacity.get(link, INF) < INF))
+        self.routes[fid] = tuple(path)
+        self.paths[fid] = links
+        self.seq[fid] = next(self._seqs)
+        newly_shared = []
+        for link in links:
+            users = self.users.setdefault(link, {})
+            users[fid] = None
+            if len(users) == 2:
+                newly_shared.append(next(iter(users)))
+        for first in dict.fromkeys(newly_shared):  # its link is shared now: it changes case
+            self._detach(first)
+            self._attach(first)
+        self._attach(fid)
+
+    def remove(self, fid: Hashable) -> None:
+        self._detach(fid)
+        alone = []
+        for link in self.paths[fid]:
+            users = self.users[link]
+            del users[fid]
+            if len(users) == 1:
+                alone.append(next(iter(users)))
+            elif not users:
+                del self.users[link]
+        for last in dict.fromkeys(alone):  # its link is private again
+            self._detach(last)
+            self._attach(last)
+        for table in (self.routes, self.paths, self.seq):
+            del table[fid]
+
+    def set_capacity(self, link: Hashable, capacity: float) -> None:
+        """A link's new capacity (a fault, a repair). Its flows are placed again."""
+        on = [fid for fid, route in self.routes.items() if link in route]
+        routes = [self.routes[fid] for fid in on]
+        for fid in on:
+            self.remove(fid)
+        self.capacity[link] = float(capacity)
+        for fid, route in zip(on, routes):
+            self.add(fid, route)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    # ---- placing a flow in its case ----------------------------------------------------------
+    def _attach(self, fid: Hashable) -> None:
+        shared = tuple(link for link in self.paths[fid] if len(self.users[link]) >= 2)
+        self.attached[fid] = shared
+        if len(shared) >= 2:
+            for link in shared:
+                self.impure[link] = self.impure.get(link, 0) + 1
+        elif len(shared) == 1:
+            own = min((self.capacity[other] for other in self.paths[fid] if other != shared[0]), default=INF)
+            self.private[fid] = own
+            self.caps.setdefault(shared[0], _SortedCaps()).insert(own, self.seq[fid])
+        for link in shared:
+            self._changed(link)
+
+    def _detach(self, fid: Hashable) -> None:
+        shared = self.attached.pop(fid, ())
+        if len(shared) >= 2:
+            for link in shared:
+                self.impure[link] -= 1
+                if not self.impure[link]:
+                    del self.impure[link]
+        elif len(shared) == 1:
+            caps = self.caps[shared[0]]
+            caps.remove(self.private.pop(fid), self.seq[fid])
+            if not len(caps):
+                del self.caps[shared[0]]
+        for link in shared:
+            self._changed(link)
+        self.general.pop(fid, None)
+        self.dirty.discard(fid)
+
+    def _changed(self, link: Hashable) -> None:
+        self.levels.pop(link, None)
+        if link in self.impure:
+            self.dirty.update(self.users.get(link, ()))
+
+    # ---- rates --------------------------------------------------------------------------------
+    def rate(self, fid: Hashable) -> float:
+        shared = self.attached[fid]
+        if not shared:
+            return min((self.capacity[link] for link in self.paths[fid]), default=INF)
+        if len(shared) == 1 and shared[0] not in self.impure:
+            link = shared[0]
+            level = self.levels.get(link)
+            if level is None:
+                level = self.levels[link] = self.caps[link].level(self.capacity[link])
+            return min(self.private[fid], level)
+        while self.dirty:
+            self._solve_component(next(iter(self.dirty)))
+        return self.general[fid]
+
+    def rates(self) -> dict[Hashable, float]:
+        return {fid: self.rate(fid) for fid in self.paths}
+
+    def _solve_component(self, start: Hashable) -> None:
+        """Max-min from scratch over the flows linked to `start` through shared links."""
+        from .links import max_min_fill
+
+        seen, todo, links_seen = {start}, [start], set()
+        while todo:
+            for link in self.attached[todo.pop()]:
+                if link in links_seen:
+                    continue
+                links_seen.add(link)
+                for other in self.users[link]:
+                    if other not in seen:
+                        seen.add(other)
+                        todo.append(other)
+        members = sorted(seen, key=self.seq.__getitem__)  # arrival order, as a from-scratch solve takes them
+        rates, _ = max_min_fill([self.paths[f] for f in members], self.capacity)
+        for fid, r in zip(members, rates):
+            self.general[fid] = r
+            self.dirty.discard(fid)
