@@ -131,6 +131,7 @@ class Flow:
     share: float = 0.0  # its last fair share not held down by its own window (bit/s)
     bottleneck: Hashable | None = None  # what fixed its rate: a link, its window ("window", id), or None
     link_bottleneck: Hashable | None = None  # the last link that fixed its rate
+    synced_t: float = 0.0  # remaining_bits (and the window's counters) are as of this time
 
     @property
     def floor(self) -> float:
@@ -156,19 +157,27 @@ class FlowModel:
     qdelay: dict[Hashable, float] = field(default_factory=dict)
     load: dict[Hashable, float] = field(default_factory=dict)  # bit/s through each link, as last filled
     pinned: set = field(default_factory=set)  # links that fix some flow's rate (saturated), as last filled
+    # standing queues (tcp): each flow's window beyond its BDP, waiting at its bottleneck link
+    excess: dict[Hashable, tuple[Hashable, float]] = field(default_factory=dict)
+    held: dict[Hashable, list] = field(default_factory=dict)  # link -> [bits its flows' windows hold, how many]
+    fill: dict[Hashable, float] = field(default_factory=dict)  # link -> the part of what they hold its buffer takes
 
     def advance(self, t: float) -> None:
-        dt = t - self.t
-        if dt > 0:
-            for flow in self.flows.values():
-                if not flow.active or flow.rate <= 0:
-                    continue
-                bits = flow.rate * dt if flow.rate < INF else self._instant_bits(flow)
-                bits = min(bits, flow.remaining_bits)
-                flow.remaining_bits -= bits
-                if flow.tcp:
-                    self.transport.sent(flow, bits)
+        """Time moves on. A flow's bits are counted when something looks at it (sync): between
+        its events a flow's rate is constant, so catching up at once is the same sum, and an
+        event costs O(1) instead of a pass over every flow."""
         self.t = max(self.t, t)
+
+    def sync(self, flow: Flow) -> None:
+        """Bring the flow's remaining bits and window counters up to the current time."""
+        dt = self.t - flow.synced_t
+        if dt > 0 and flow.active and flow.rate > 0:
+            bits = flow.rate * dt if flow.rate < INF else self._instant_bits(flow)
+            bits = min(bits, flow.remaining_bits)
+            flow.remaining_bits -= bits
+            if flow.tcp:
+                self.transport.sent(flow, bits)
+        flow.synced_t = self.t
 
     def _instant_bits(self, flow: Flow) -> float:
         return self.transport.instant_bits(flow) if flow.tcp else flow.remaining_bits
@@ -179,13 +188,14 @@ class FlowModel:
         """A new flow of `bits` along `path`. With a transport, `connection` names the connection it
         uses (its window persists across flows), `rtt` the path's propagation RTT, `seg_bits` the
         link bits of a full segment (`mss` its payload bytes) and `loss` the probability that a segment is lost."""
-        flow = Flow(tuple(path), float(bits))
+        flow = Flow(tuple(path), float(bits), synced_t=self.t)
         self.flows[fid] = flow
         if self.transport is not None:
             conn = self.transport.connection(connection)
             narrowest = min((self.capacity.get(link, INF) for link in path), default=INF)
             serialization = seg_bits / narrowest if narrowest < INF else 0.0
-            flow.tcp = TcpState(conn, rtt + serialization if rtt > 0 else 0.0, seg_bits, mss, loss, rng)
+            flow.tcp = TcpState(conn, rtt + serialization if rtt > 0 else 0.0, seg_bits, mss, loss, rng,
+                                queues=self, fid=fid, path=flow.path)
             if conn.active is not None:
                 flow.active = False
                 conn.waiting.append(fid)
@@ -196,13 +206,14 @@ class FlowModel:
     def _begin(self, fid: Hashable) -> None:
         flow = self.flows[fid]
         flow.active = True
+        flow.synced_t = self.t
         flow.tcp.conn.active = fid
-        flow.tcp.qdelay = sum(self.qdelay.get(link, 0.0) for link in flow.path)
         self.transport.begin(flow, self.t)
 
     def fire(self, fid: Hashable) -> tuple[bool, list[tuple[Hashable, float, int]]]:
         """The flow's due event, at the current time: True when its last bit has left."""
         flow = self.flows[fid]
+        self.sync(flow)
         if flow.rate == INF:  # an unconstrained path moves its bits without time passing
             bits = min(flow.remaining_bits, self._instant_bits(flow))
             flow.remaining_bits -= bits
@@ -219,7 +230,7 @@ class FlowModel:
         if not held and flow.rate > 0 and window >= flow.rate:
             # its window neither held it back nor does now: every rate stays as it is (only the
             # queue its window holds may have changed)
-            self._standing_queues([f for f, fl in self.flows.items() if fl.active])
+            self._queue_of(fid, flow)
             return False, self._reschedule_alone(fid, flow)
         if held and self._window_moves_alone(flow, window):
             for link in flow.path:
@@ -276,6 +287,9 @@ class FlowModel:
         return self.queue_s.get(link, 0.0) * flow.share
 
     def remove(self, fid: Hashable) -> tuple[Flow | None, list[tuple[Hashable, float, int]]]:
+        flow = self.flows.get(fid)
+        if flow is not None:
+            self.sync(flow)  # its queue stays until the rebalance below recounts them all
         flow = self.flows.pop(fid, None)
         if flow is not None and flow.tcp is not None:
             conn = flow.tcp.conn
@@ -294,6 +308,7 @@ class FlowModel:
         paths, caps = [], {}
         for fid in ids:
             flow = self.flows[fid]
+            self.sync(flow)
             cap = self.transport.cap(flow, self.t) if flow.tcp else INF
             if cap < INF:
                 caps[("window", fid)] = cap
@@ -339,32 +354,67 @@ class FlowModel:
 
     def _standing_queues(self, ids: list[Hashable]) -> None:
         """The window beyond a flow's share of the BDP waits in its bottleneck's buffer, and that
-        queue delays every flow through the link (used for their next rounds)."""
-        held: dict[Hashable, float] = {}
-        own: dict[Hashable, float] = {}
+        queue delays every flow through the link (used for their next rounds). All flows afresh
+        (after new rates); `_queue_of` redoes one flow's part (after its own event)."""
+        self.excess, self.held, self.qdelay, self.fill = {}, {}, {}, {}
         for fid in ids:
-            flow = self.flows[fid]
-            st = flow.tcp
-            if st is None or st.phase != "ca" or st.limited or flow.link_bottleneck is None or flow.rate >= INF:
-                continue
-            excess = st.conn.cwnd * st.seg_bits - flow.rate * st.rtt_base
-            if excess > 0:
-                held[flow.link_bottleneck] = held.get(flow.link_bottleneck, 0.0) + excess
-                own[fid] = excess
-        self.qdelay = {}
-        fill: dict[Hashable, float] = {}  # how much of what the windows hold the buffer can take
-        for link, bits in held.items():
-            cap = self.capacity.get(link, INF)
-            if cap < INF:
-                queued = min(bits, self.queue_s.get(link, 0.0) * cap)
-                self.qdelay[link] = queued / cap
-                fill[link] = queued / bits
-        for fid in ids:
-            flow = self.flows[fid]
-            if flow.tcp:
-                flow.tcp.qdelay = sum(self.qdelay.get(link, 0.0) for link in flow.path)
-                link = flow.link_bottleneck
-                flow.tcp.own_qdelay = own[fid] * fill[link] / self.capacity[link] if fid in own and link in fill else 0.0
+            part = self._excess_of(self.flows[fid])
+            if part is not None:
+                self.excess[fid] = part
+                entry = self.held.setdefault(part[0], [0.0, 0])
+                entry[0] += part[1]
+                entry[1] += 1
+        for link in self.held:
+            self._link_queue(link)
+
+    def _excess_of(self, flow: Flow) -> tuple[Hashable, float] | None:
+        st = flow.tcp
+        if st is None or st.phase != "ca" or st.limited or flow.link_bottleneck is None or flow.rate >= INF:
+            return None
+        excess = st.conn.cwnd * st.seg_bits - flow.rate * st.rtt_base
+        return (flow.link_bottleneck, excess) if excess > 0 else None
+
+    def _queue_of(self, fid: Hashable, flow: Flow) -> None:
+        self._drop_excess(fid)
+        part = self._excess_of(flow)
+        if part is not None:
+            self.excess[fid] = part
+            entry = self.held.setdefault(part[0], [0.0, 0])
+            entry[0] += part[1]
+            entry[1] += 1
+            self._link_queue(part[0])
+
+    def _drop_excess(self, fid: Hashable) -> None:
+        part = self.excess.pop(fid, None)
+        if part is None:
+            return
+        entry = self.held[part[0]]
+        entry[0] -= part[1]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.held[part[0]]
+        self._link_queue(part[0])
+
+    def _link_queue(self, link: Hashable) -> None:
+        entry = self.held.get(link)
+        cap = self.capacity.get(link, INF)
+        if entry is None or cap >= INF or entry[0] <= 0:
+            self.qdelay.pop(link, None)
+            self.fill.pop(link, None)
+            return
+        queued = min(entry[0], self.queue_s.get(link, 0.0) * cap)
+        self.qdelay[link] = queued / cap
+        self.fill[link] = queued / entry[0]
+
+    # what a flow's window state reads (TcpState.qdelay and own_qdelay)
+    def path_qdelay(self, path: tuple[Hashable, ...]) -> float:
+        return sum(self.qdelay.get(link, 0.0) for link in path)
+
+    def own_qdelay(self, fid: Hashable) -> float:
+        part = self.excess.get(fid)
+        if part is None or part[0] not in self.fill:
+            return 0.0
+        return part[1] * self.fill[part[0]] / self.capacity[part[0]]
 
 
 def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import Any, Hashable
 
 import numpy as np
 
@@ -153,9 +153,20 @@ class TcpState:
     recovery_until: float = -INF
     floor: float = -INF  # the last byte cannot leave before this (a retransmission)
     limited: bool = False  # congestion avoidance: the window held the rate down at the last rebalance
-    qdelay: float = 0.0  # queueing delay on the path at the last rebalance
-    own_qdelay: float = 0.0  # the part of it that is this flow's own window beyond its BDP
     resent_bits: float = 0.0
+    queues: Any = None  # the flow model, whose standing queues delay this flow (None: no queues)
+    fid: Hashable = None
+    path: tuple = ()
+
+    @property
+    def qdelay(self) -> float:
+        """Queueing delay on the path, from the standing queues as last updated."""
+        return self.queues.path_qdelay(self.path) if self.queues is not None else 0.0
+
+    @property
+    def own_qdelay(self) -> float:
+        """The part of it that is this flow's own window beyond its BDP."""
+        return self.queues.own_qdelay(self.fid) if self.queues is not None else 0.0
 
     @property
     def rtt(self) -> float:
