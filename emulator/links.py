@@ -161,6 +161,7 @@ class FlowModel:
     excess: dict[Hashable, tuple[Hashable, float]] = field(default_factory=dict)
     held: dict[Hashable, list] = field(default_factory=dict)  # link -> [bits its flows' windows hold, how many]
     fill: dict[Hashable, float] = field(default_factory=dict)  # link -> the part of what they hold its buffer takes
+    unsettled: bool = False  # flows were added whose rates are not computed yet
 
     def advance(self, t: float) -> None:
         """Time moves on. A flow's bits are counted when something looks at it (sync): between
@@ -184,10 +185,12 @@ class FlowModel:
 
     def add(self, fid: Hashable, bits: float, path: Sequence[Hashable], *, connection: Hashable = None,
             rtt: float = 0.0, seg_bits: float = 1514 * 8.0, mss: int = 1448, loss: float = 0.0,
-            rng: np.random.Generator | None = None) -> list[tuple[Hashable, float, int]]:
+            rng: np.random.Generator | None = None, settle: bool = True) -> list[tuple[Hashable, float, int]]:
         """A new flow of `bits` along `path`. With a transport, `connection` names the connection it
         uses (its window persists across flows), `rtt` the path's propagation RTT, `seg_bits` the
-        link bits of a full segment (`mss` its payload bytes) and `loss` the probability that a segment is lost."""
+        link bits of a full segment (`mss` its payload bytes) and `loss` the probability that a segment is lost.
+        With settle=False the rates are recomputed later, by `settle` or the next change: flows that
+        start at one instant then cost one max-min filling together, not one each."""
         flow = Flow(tuple(path), float(bits), synced_t=self.t)
         self.flows[fid] = flow
         if self.transport is not None:
@@ -201,7 +204,14 @@ class FlowModel:
                 conn.waiting.append(fid)
                 return []
             self._begin(fid)
+        if not settle:
+            self.unsettled = True
+            return []
         return self._rebalance()
+
+    def settle(self) -> list[tuple[Hashable, float, int]]:
+        """The rates after flows added with settle=False (nothing when none is pending)."""
+        return self._rebalance() if self.unsettled else []
 
     def _begin(self, fid: Hashable) -> None:
         flow = self.flows[fid]
@@ -304,6 +314,7 @@ class FlowModel:
         return flow, self._rebalance()
 
     def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
+        self.unsettled = False
         ids = [fid for fid, flow in self.flows.items() if flow.active]
         paths, caps = [], {}
         for fid in ids:

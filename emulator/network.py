@@ -374,6 +374,10 @@ class Network:
     def step(self, sock: zmq.Socket) -> bool:
         """Process at most one event; False when the lower bound forbids it, the queue is empty, or
         (realtime) the event is not yet due."""
+        if self.flows.unsettled:
+            following = self.queue[0] if self.queue else None
+            if following is None or following[0] > self.now or following[1] != FLOW_START:
+                self._reschedule(self.flows.settle())  # the last transfer of this instant has started
         if (self.halted or self.snapshot_waiting or not self.queue or self.queue[0][0] >= self.lower_bound()
                 or self.due_in() > 0):
             return False
@@ -543,7 +547,8 @@ class Network:
             framing = self.cfg.framing
             tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self._one_way(tr), seg_bits=(framing.mss + framing.segment_overhead) * 8.0,
                        mss=framing.mss, loss=self._loss(tr), rng=self._rng(tr))
-        self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self._path(tr), **tcp))
+        # the rates wait for the other transfers starting at this instant (step settles them)
+        self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self._path(tr), settle=False, **tcp))
 
     def _one_way(self, tr: Transfer) -> float:
         return self.link(tr.src).latency_s + self.link(tr.dst).latency_s
