@@ -39,3 +39,27 @@ def test_time_moves_without_visiting_flows_and_a_look_catches_up():
     assert model.flows["y"].remaining_bits == 60.0 and model.flows["x"].remaining_bits == 100.0
     _, changed = model.remove("y")  # a rebalance catches every flow up before rates change
     assert model.flows["x"].remaining_bits == 80.0 and model.flows["x"].rate == 10.0
+
+
+def test_flows_starting_together_are_settled_once_with_the_rates_of_one_by_one():
+    from emulator.links import FlowModel
+    from emulator.transport import TcpParams, TcpTransport
+
+    caps = {"server": 30.0, "a": 10.0, "b": 40.0, "c": 5.0}
+    paths = {"x": ("a", "server"), "y": ("b", "server"), "z": ("c", "server")}
+    for transport in (None, TcpTransport(TcpParams())):
+        eager = FlowModel(dict(caps), transport)
+        for fid, path in paths.items():
+            eager.add(fid, 1e3, path, **({"connection": fid, "rtt": 0.01} if transport else {}))
+        lazy = FlowModel(dict(caps), TcpTransport(TcpParams()) if transport else None)
+        calls = []
+        original = lazy._rebalance
+        lazy._rebalance = lambda force=None: calls.append(force) or original(force)
+        for fid, path in paths.items():
+            assert lazy.add(fid, 1e3, path, settle=False, **({"connection": fid, "rtt": 0.01} if transport else {})) == []
+        assert lazy.unsettled and not calls
+        changed = lazy.settle()
+        assert len(calls) == 1 and not lazy.unsettled and lazy.settle() == []
+        assert {fid for fid, _, _ in changed} == set(paths)
+        for fid in paths:
+            assert (lazy.flows[fid].rate, lazy.flows[fid].done_at) == (eager.flows[fid].rate, eager.flows[fid].done_at)
