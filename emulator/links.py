@@ -371,10 +371,7 @@ class FlowModel:
         for fid in ids:
             part = self._excess_of(self.flows[fid])
             if part is not None:
-                self.excess[fid] = part
-                entry = self.held.setdefault(part[0], [0.0, 0])
-                entry[0] += part[1]
-                entry[1] += 1
+                self._add_excess(fid, part)
         for link in self.held:
             self._link_queue(link)
 
@@ -389,11 +386,14 @@ class FlowModel:
         self._drop_excess(fid)
         part = self._excess_of(flow)
         if part is not None:
-            self.excess[fid] = part
-            entry = self.held.setdefault(part[0], [0.0, 0])
-            entry[0] += part[1]
-            entry[1] += 1
+            self._add_excess(fid, part)
             self._link_queue(part[0])
+
+    def _add_excess(self, fid: Hashable, part: tuple[Hashable, float]) -> None:
+        self.excess[fid] = part
+        entry = self.held.setdefault(part[0], [0.0, 0])
+        entry[0] += part[1]
+        entry[1] += 1
 
     def _drop_excess(self, fid: Hashable) -> None:
         part = self.excess.pop(fid, None)

@@ -29,7 +29,6 @@ from .privacy import CLIP_EPSILON, LipschitzEstimate
 from .training import LocalTraining, TrainingResult, batches, device_of, steps_per_epoch, train_local
 
 
-
 @dataclass
 class TrainRequest:
     """One client's call to train: the arguments of `train_local` and the state to start from."""
@@ -103,7 +102,7 @@ def train_cohort(model: nn.Module, requests: Sequence[TrainRequest]) -> list[tup
         seen = np.zeros(count)
         for position in range(requests[0].steps_per_epoch):
             picks = [plan[position] for plan in plans]
-            width = cfg.batch_size * max(1, -(-max(p.size for p in picks) // cfg.batch_size))  # Poisson batches may be larger
+            width = cfg.batch_size * steps_per_epoch(max(p.size for p in picks), cfg.batch_size)  # Poisson batches may be larger
             x, y, weight, sizes = _stack_batch([r.data for r in requests], picks, [r.indices[0] for r in requests], width, device)
             grads, loss, per_sample = gradient(params, x, y, weight, sizes)
             if cfg.clip is not None or estimates is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import accounting
 from .privacy import add_noise, noise_scale, sensitivity
-from .training import DpSgd, LocalTraining, TrainingResult, steps_per_epoch
+from .training import DpSgd, LocalTraining, TrainingResult, poisson_rate, steps_per_epoch
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class DpSgdStage:
         sigma = p.noise_multiplier
         if p.sampling == "poisson":
             steps = local.epochs * steps_per_epoch(result.samples_seen, local.batch_size)
-            rdp = accounting.dpsgd_rdp(min(1.0, local.batch_size / max(1, result.samples_seen)), sigma, steps)
+            rdp = accounting.dpsgd_rdp(poisson_rate(result.samples_seen, local.batch_size), sigma, steps)
             rho = steps / (2.0 * sigma**2)  # zCDP without amplification: a valid, looser bound
         else:
             rho = local.epochs / (2.0 * sigma**2)

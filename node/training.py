@@ -57,11 +57,17 @@ def steps_per_epoch(samples: int, batch_size: int) -> int:
     return max(1, -(-int(samples) // batch_size))
 
 
+def poisson_rate(samples: int, batch_size: int) -> float:
+    """DP-SGD's Poisson sampling: the probability that a sample is in a step's batch (what the
+    accountant is told, so it must be what the batches were drawn with)."""
+    return min(1.0, batch_size / max(1, int(samples)))
+
+
 def batches(indices: np.ndarray, cfg: LocalTraining, rng: np.random.Generator, fixed: np.ndarray | None):
     """One epoch's batches. Under DP-SGD with Poisson sampling, steps_per_epoch batches in which
     each sample is independently with probability B/n (their sizes vary; one may be empty)."""
     if cfg.dpsgd is not None and cfg.dpsgd.sampling == "poisson":
-        rate = min(1.0, cfg.batch_size / max(1, indices.size))
+        rate = poisson_rate(indices.size, cfg.batch_size)
         return [indices[rng.random(indices.size) < rate] for _ in range(steps_per_epoch(indices.size, cfg.batch_size))]
     order = fixed if fixed is not None else rng.permutation(indices)
     return [order[s:s + cfg.batch_size] for s in range(0, order.size, cfg.batch_size)]
