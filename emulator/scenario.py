@@ -356,6 +356,9 @@ class Firma(Strict):
         None, gt=0, description="go on without a neighbour silent this long after a pass began; null: wait (a ring of always-on devices)")
     init: Literal["independent", "shared"] = Field(
         "independent", description="independent: each client starts from its own random model, as FIRMA's code does; shared: all from one")
+    warmup_aggregator: Literal["server", "peer"] = Field(
+        "server", description="FibFL++'s warm-up FedAvg: server, an aggregator actor with server.link (FIRMA's central "
+                              "FedAvg before the gossip); peer, the first client on the ring, through its access link")
 
 
 RING_ALGORITHMS = ("fibfl",)  # run by the ring topology, not by a server strategy

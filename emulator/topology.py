@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
-from node.processes import server_main
+from node.processes import server_main, warmup_main
 from .network import SERVER, Link
 from .results import RingRounds
 from .world import World
@@ -66,24 +66,30 @@ class Star(Topology):
 
 
 class Ring(Topology):
-    """Serverless gossip between ring neighbours: every client starts itself and watches its peers."""
+    """Gossip between ring neighbours: every client starts itself and watches its peers. The only
+    server is FibFL++'s warm-up aggregator, where it is an actor of its own (with the server's link)."""
     name = "ring"
     peer_traffic = True
 
     def server_actors(self) -> list[str]:
-        return []
+        r = self.world.ring
+        return [r.aggregator] if r.warmup and r.aggregator not in r.order else []
 
     def links(self) -> dict[str, Link]:
-        return {c.profile.name: c.link for c in self.world.clients}
+        own = {name: self.world.server_link for name in self.server_actors()}
+        return {**{c.profile.name: c.link for c in self.world.clients}, **own}
 
     def starters(self) -> list[str]:
         return self.client_names
 
     def watchers(self) -> list[str]:
-        return self.client_names
+        return [*self.client_names, *self.server_actors()]
 
     def server_process(self, endpoint, parent_pid, saved):
-        return None
+        if not self.server_actors():
+            return None
+        w = self.world
+        return ("server", "server", warmup_main, (endpoint, w.ring, w.task, w.server.aggregate_s, 1, parent_pid))
 
     def host_config(self):
         return self.world.ring

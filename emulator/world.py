@@ -343,7 +343,7 @@ def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> Rin
     head_share = training_flops(model, shape, trained=prefix) / training_flops(model, shape)
     return RingConfig(f.variant, sc.rounds, names, sc.seed, f.epochs_head, f.epochs_extractor, alg.lr, alg.batch_size,
                       f.gamma, f.gamma_start, f.gamma_end, f.tau, alg.codec.up.build(), sc.eval.every,
-                      prefix, f.pass_timeout_s, head_share, f.init)
+                      prefix, f.pass_timeout_s, head_share, f.init, f.warmup_aggregator)
 
 
 def _selection_params(sc: Scenario) -> dict[str, float]:

@@ -11,7 +11,7 @@ from .lifecycle import detach_from_terminal_signals
 from .async_server import AsyncServer
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
 from .edge import EdgeServer
-from .ring import Evaluator, RingClientActor, RingConfig
+from .ring import Evaluator, RingClientActor, RingConfig, WarmupAggregator
 from .runtime import Runtime
 from .server import ServerActor, ServerConfig
 
@@ -52,3 +52,10 @@ def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task:
     server = (AsyncServer if cfg.strategy.asynchronous else ServerActor)(cfg, client_names, task)
     aggregators = [EdgeServer(e.name, e.server, e.clients, task, e.edge_rounds, e.cloud_codec) for e in edges or []]
     Runtime("server", endpoint, [server, *aggregators], parent_pid, restore).run()
+
+
+def warmup_main(endpoint: str, cfg: RingConfig, task: TaskSpec, aggregate_s: float, threads: int, parent_pid: int) -> None:
+    """The server process of a ring whose warm-up FedAvg has an aggregator of its own (FibFL++)."""
+    detach_from_terminal_signals(parent_pid, "server")
+    torch.set_num_threads(threads)
+    Runtime("server", endpoint, [WarmupAggregator(cfg, task, aggregate_s)], parent_pid).run()

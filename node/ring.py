@@ -7,10 +7,13 @@ split and begins the next round. Nothing waits on a global barrier: a pass compl
 neighbours' messages of that pass are in, which gives exactly the synchronous passes of the
 paper's simulation (each pass reads the previous pass's parameters of self and neighbours).
 
-Warm-up rounds (FibFL++) are a FedAvg of the full model, heads included, run by an elected peer
-(the first client on the ring): everyone sends it their model, it averages weighted by samples
-and sends the result back. The head never leaves a client after warm-up: the gossip payload
-is built from the extractor's keys only."""
+Warm-up rounds (FibFL++) are a FedAvg of the full model, heads included, run by an aggregator:
+everyone sends it their model, it averages weighted by samples and sends the result back. The
+aggregator is a server-like actor with a link of its own (`WarmupAggregator`, the default, as in
+FIRMA's simulation, where a central FedAvg precedes the gossip) or an elected peer, the first client
+on the ring, whose access link then carries every model both ways. Both average with one
+`WarmupRound`. The head never leaves a client after warm-up: the gossip payload is built from the
+extractor's keys only."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -29,6 +32,9 @@ from .compute import full_speed_seconds
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .strategy import WeightedAverage
 from .training import accuracy_on, train_part
+
+
+WARMUP_AGGREGATOR = "server"  # the warm-up aggregator's actor name: the server process's, with the server's link
 
 
 @dataclass
@@ -51,6 +57,7 @@ class RingConfig:
     pass_timeout_s: float | None = None  # give up waiting for a neighbour (or the warm-up aggregator) after this
     head_epoch_share: float = 1.0  # cost of a head-only epoch against a full one (the frozen extractor: forward only)
     init: str = "independent"  # independent: each client its own initial model (FIRMA's code); shared: one for all
+    warmup_via: str = "peer"  # server: the warm-up's own aggregator actor (WARMUP_AGGREGATOR); peer: the first client
 
     @property
     def passes(self) -> int:
@@ -62,12 +69,110 @@ class RingConfig:
 
     @property
     def aggregator(self) -> str:
-        return self.order[0]
+        return WARMUP_AGGREGATOR if self.warmup_via == "server" else self.order[0]
+
+    def aggregator_wait_s(self) -> float | None:
+        """How long a client waits for the warm-up average after sending its model: the aggregator
+        may itself wait out a silent peer (one timeout), then sends to N - 1 (or N) clients through
+        its uplink, where a pass sends to two."""
+        timeout = self.pass_timeout_s
+        return None if timeout is None else timeout * (1 + (len(self.order) - 1) / 2)
 
     def neighbours(self, name: str) -> tuple[str, str]:
         p = self.order.index(name)
         n = len(self.order)
         return self.order[(p - 1) % n], self.order[(p + 1) % n]
+
+
+class WarmupRound:
+    """The models of one warm-up round as they come in, and their sample-weighted average (FedAvg)
+    once every live client's model is in, or, forced by a timeout, of those that are."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, tuple[dict[str, np.ndarray], float]] = {}
+
+    def add(self, name: str, state: dict[str, np.ndarray], samples: float) -> None:
+        self.models[name] = (state, samples)
+
+    def average(self, order: list[str], lost: set[str], force: bool = False) -> dict[str, np.ndarray] | None:
+        alive = [n for n in order if n not in lost and (not force or n in self.models)]
+        if not alive or any(n not in self.models for n in alive):
+            return None
+        average = WeightedAverage()
+        for name in alive:
+            average.add(*self.models[name])
+        return average.result(self.models[alive[0]][0])
+
+
+class WarmupAggregator:
+    """FibFL++'s warm-up FedAvg as an actor of its own, in the server process with the server's link
+    (`algorithm.firma.warmup_aggregator: server`). It waits for every live client's model of a
+    warm-up round, or with a pass timeout for those in by then (counted from the first), averages
+    them by samples after `aggregate_s` of modelled work, and sends the average to every live client."""
+    name = WARMUP_AGGREGATOR
+
+    def __init__(self, cfg: RingConfig, task: TaskSpec, aggregate_s: float = 0.0):
+        self.cfg = cfg
+        self.aggregate_s = aggregate_s
+        self.spec = state_spec(task.build())
+        self.channel = Channel(cfg.codec)
+        self.rounds: dict[int, WarmupRound] = defaultdict(WarmupRound)
+        self.lost: set[str] = set()
+        self.averaged = -1  # the last warm-up round averaged
+        self.ready: dict[int, dict[str, np.ndarray]] = {}  # averages waiting out the aggregation time
+
+    def react(self, msg: Message) -> Reaction:
+        if msg.kind == "warmup_update":
+            return self._on_update(msg)
+        if msg.kind == "peer_down":
+            self.lost |= set(msg.body.get("actors", []))
+            reaction = Reaction()
+            for index in sorted(self.rounds):
+                reaction.timers += self._maybe_average(index, msg.t).timers
+            return reaction
+        if msg.kind == "tick":
+            kind, _, rest = msg.body.get("tag", "").partition(":")
+            if kind == "warmup" and int(rest) in self.rounds:
+                return self._maybe_average(int(rest), msg.t, force=True)
+            if kind == "send" and int(rest) in self.ready:
+                return self._send(int(rest))
+        return Reaction()
+
+    def _on_update(self, msg: Message) -> Reaction:
+        if msg.round <= self.averaged:
+            return Reaction()  # came after the round was averaged without it
+        try:
+            state, _ = decode_state(msg.frames, self.spec)
+        except CodecError as exc:
+            return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round,
+                                      "error": f"warm-up update from {msg.src}: {exc}"}])
+        first = msg.round not in self.rounds
+        self.rounds[msg.round].add(msg.src, state, float(msg.body["samples"]))
+        reaction = self._maybe_average(msg.round, msg.t)
+        if first and msg.round in self.rounds and self.cfg.pass_timeout_s is not None:
+            reaction.timers.append((msg.t + self.cfg.pass_timeout_s, f"warmup:{msg.round}"))
+        return reaction
+
+    def _maybe_average(self, index: int, t: float, force: bool = False) -> Reaction:
+        """The average is formed now and leaves after the modelled aggregation time (a timer)."""
+        state = self.rounds[index].average(self.cfg.order, self.lost, force)
+        if state is None:
+            return Reaction()
+        del self.rounds[index]
+        self.averaged = max(self.averaged, index)
+        self.ready[index] = state
+        return Reaction(timers=[(t + self.aggregate_s, f"send:{index}")])
+
+    def _send(self, index: int) -> Reaction:
+        state = self.ready.pop(index)
+        targets = [n for n in self.cfg.order if n not in self.lost]
+        if not targets:
+            return Reaction()
+        out = self.channel.encode(state, np.random.default_rng([self.cfg.seed, index, len(self.cfg.order), 1]))
+        out.commit()
+        encoded = out.encoded
+        return Reaction(sends=[Send(targets, "warmup_model", index, {}, encoded.frames, encoded.payload_bytes,
+                                    encoded.fp32_bytes)])
 
 
 class Evaluator:
@@ -114,7 +219,7 @@ class RingClientActor:
         self.loss: float | None = None
         self.last_weights: tuple[float, float] | None = None
         self.inbox: dict[tuple[int, int], dict[str, tuple[dict, float]]] = defaultdict(dict)
-        self.warm_models: dict[int, dict[str, tuple[dict, float]]] = defaultdict(dict)  # aggregator only
+        self.warm_models: dict[int, WarmupRound] = defaultdict(WarmupRound)  # the elected peer only
         self.timeouts = 0  # passes (or warm-ups) of this round that went on without a silent neighbour
         self.device: dict | None = None  # the device's state, as last delivered
         self.phase = "idle"  # idle | training | gossip | warmup_wait | finished
@@ -137,6 +242,8 @@ class RingClientActor:
             self.lost |= set(msg.body.get("actors", [])) - {self.name}
             if self.phase == "warmup_wait" and self.name == self.cfg.aggregator:
                 return self._maybe_average(self.round, msg.t)
+            if self.phase == "warmup_wait" and self.cfg.aggregator in self.lost:
+                return self._finish(msg.t, None)  # no average will come: keep the own model
             return self._advance(msg.t)
         return Reaction()
 
@@ -250,21 +357,21 @@ class RingClientActor:
             return self._send_pass(self.pass_index + 1, t)
         return self._finish(t, gamma_r)
 
-    # ---- FibFL++ warm-up: FedAvg through the elected peer -------------------------------------
+    # ---- FibFL++ warm-up: FedAvg through the aggregator (its own actor, or the elected peer) -----
     def _after_warmup_training(self, t: float) -> Reaction:
         self.phase = "warmup_wait"
         state = state_to_numpy(self.model)
         samples = float(self.profile.indices.size)
         timeout = self.cfg.pass_timeout_s
         if self.name == self.cfg.aggregator:
-            self.warm_models[self.round][self.name] = (state, samples)
+            self.warm_models[self.round].add(self.name, state, samples)
             reaction = self._maybe_average(self.round, t)
             if self.phase == "warmup_wait" and timeout is not None:
                 reaction.timers.append((t + timeout, f"warmup:{self.round}"))
             return reaction
-        # The others wait longer for the average: the aggregator may itself wait out a silent peer
-        # (one timeout), then sends to N - 1 peers through its uplink, where a pass sends to two.
-        wait = None if timeout is None else timeout * (1 + (len(self.cfg.order) - 1) / 2)
+        if self.cfg.aggregator in self.lost:
+            return self._finish(t, None)  # nobody to average with: keep the own model
+        wait = self.cfg.aggregator_wait_s()
         timers = [(t + wait, f"warmup:{self.round}")] if wait is not None else []
         rng = np.random.default_rng([self.cfg.seed, self.round, self.profile.index, 0])
         encoded = self._encode(state, rng)
@@ -278,19 +385,16 @@ class RingClientActor:
             state, _ = decode_state(msg.frames, self.spec)
         except CodecError as exc:
             return self._reject(msg, f"warm-up update from {msg.src}: {exc}")
-        self.warm_models[msg.round][msg.src] = (state, float(msg.body["samples"]))
+        self.warm_models[msg.round].add(msg.src, state, float(msg.body["samples"]))
         return self._maybe_average(msg.round, msg.t)
 
     def _maybe_average(self, index: int, t: float, force: bool = False) -> Reaction:
-        got = self.warm_models.get(index, {})
-        alive = [n for n in self.cfg.order if n not in self.lost and (not force or n in got)]
-        if self.phase != "warmup_wait" or index != self.round or any(n not in got for n in alive):
+        if self.phase != "warmup_wait" or index != self.round or index not in self.warm_models:
             return Reaction()
-        average = WeightedAverage()
-        for name in alive:
-            average.add(*got[name])
+        state = self.warm_models[index].average(self.cfg.order, self.lost, force)
+        if state is None:
+            return Reaction()
         del self.warm_models[index]
-        state = average.result(got[self.name][0])
         load_numpy_state(self.model, state)
         others = [n for n in self.cfg.order if n != self.name and n not in self.lost]
         rng = np.random.default_rng([self.cfg.seed, index, self.profile.index, 1])

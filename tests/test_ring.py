@@ -16,8 +16,10 @@ from node.actor import Message
 from node.client import ClientProfile, TaskSpec
 from node.data import synthetic
 from node.models import state_to_numpy
-from node.ring import Evaluator, RingClientActor, RingConfig
-from protocol.codecs import encode_state, make_codec
+from node.actor import Reaction
+from node.models import state_spec
+from node.ring import Evaluator, RingClientActor, RingConfig, WarmupAggregator
+from protocol.codecs import decode_state, encode_state, make_codec
 
 EXTRACTOR = 784 * 256 + 256 + 2 * 256 + 256 * 256 + 256 + 2 * 256 + 256 * 128 + 128  # 300,672 parameters
 HEAD = 128 * 10 + 10
@@ -48,19 +50,22 @@ algorithm:
   name: fibfl
   lr: 0.01
   batch_size: 20
-  firma: {{{{variant: {{variant}}, epochs_head: 1, epochs_extractor: 1}}}}
+  firma: {{{{variant: {{variant}}, epochs_head: 1, epochs_extractor: 1, warmup_aggregator: {{warmup}}}}}}
 eval: {{{{every: 1}}}}
 network: {{{{transport: {{transport}}}}}}
 """
 
 
 def run_ring(tmp, variant: str = "fibfl++", rounds: int = 3, timeout_s: float | None = None, cut: str | None = None,
-             transport: str = "fluid"):
+             transport: str = "fluid", warmup: str = "peer", server_link: str | None = None):
     """Run the 6-client ring; optionally with a pass timeout and with `cut`'s link down from 0.1 s.
+    FibFL++'s warm-up goes through the elected peer unless `warmup` is server (then over `server_link`).
     The link arithmetic done by hand in these tests is the fluid model's unless a test says otherwise."""
-    text = RING.format(rounds=rounds, variant=variant, transport=transport)
+    text = RING.format(rounds=rounds, variant=variant, transport=transport, warmup=warmup)
     if timeout_s is not None:
-        text = text.replace("epochs_extractor: 1}", f"epochs_extractor: 1, pass_timeout_s: {timeout_s}}}")
+        text = text.replace("epochs_extractor: 1,", f"epochs_extractor: 1, pass_timeout_s: {timeout_s},")
+    if server_link is not None:
+        text += f"server: {{link: {server_link}}}\n"
     if cut is not None:
         text += f"faults: [{{kind: link_down, actor: {cut}, at_s: 0.1}}]\n"
     out = tmp / "run"
@@ -186,6 +191,96 @@ def test_warmup_fedavg_through_the_elected_peer_matches_link_arithmetic(ring_run
     assert float(rows[0]["t_end"]) == pytest.approx(max(float(t["t_end"]) for t in downs), rel=1e-12)
 
 
+SERVER_MBPS, SERVER_LATENCY_S = 24.0, 0.005
+
+
+@pytest.fixture(scope="module")
+def ring_run_server(tmp_path_factory):
+    return run_ring(tmp_path_factory.mktemp("ring_server"), warmup="server",
+                    server_link=f"{{up_mbps: {SERVER_MBPS:g}, down_mbps: {SERVER_MBPS:g}, latency_ms: 5}}")
+
+
+def test_warmup_fedavg_through_its_own_aggregator_matches_link_arithmetic(ring_run_server):
+    summary = json.loads((ring_run_server / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["ring"]["warmup_aggregator"] == "server"
+    order = summary["ring"]["order"]
+    transfers = read_csv(ring_run_server / "transfers.csv")
+    warm = [t for t in transfers if int(t["round"]) == 0]
+    ups = [t for t in warm if t["kind"] == "warmup_update"]
+    downs = [t for t in warm if t["kind"] == "warmup_model"]
+    # every client, the first on the ring too, sends its model to the aggregator and takes the average back
+    assert sorted(t["src"] for t in ups) == sorted(order) and {t["dst"] for t in ups} == {"server"}
+    assert sorted(t["dst"] for t in downs) == sorted(order) and {t["src"] for t in downs} == {"server"}
+    assert {t["kind"] for t in transfers if "server" in (t["src"], t["dst"])} == {"warmup_update", "warmup_model"}
+    # One epoch (0.2 s), then six uploads share the server's 24 Mbit/s downlink (4 Mbit/s each, under
+    # each client's own 8) and arrive after the client's and the server's latency.
+    train_s = MS_PER_SAMPLE * SAMPLES / 1000
+    share = SERVER_MBPS * 1e6 / 6
+    for t in ups:
+        assert float(t["t_start"]) == pytest.approx(train_s, rel=1e-12)
+        assert int(t["link_bytes"]) == link_bytes(int(t["wire_bytes"]))
+        expected = train_s + 8 * int(t["link_bytes"]) / share + LATENCY_S + SERVER_LATENCY_S
+        assert float(t["t_end"]) == pytest.approx(expected, rel=1e-9)
+    # The average leaves when the last model is in; six downloads share the server's 24 Mbit/s uplink.
+    t0 = max(float(t["t_end"]) for t in ups)
+    for t in downs:
+        assert float(t["t_start"]) == pytest.approx(t0, rel=1e-12)
+        expected = t0 + 8 * int(t["link_bytes"]) / share + SERVER_LATENCY_S + LATENCY_S
+        assert float(t["t_end"]) == pytest.approx(expected, rel=1e-9)
+    # Everyone starts round 1 as the average arrives: the first gossip leaves one main-round training later.
+    t1 = max(float(t["t_end"]) for t in downs)
+    first_gossip = min(float(t["t_start"]) for t in transfers if t["kind"] == "gossip")
+    assert first_gossip == pytest.approx(t1 + (1 + HEAD_EPOCH) * train_s, rel=1e-9)
+    rows = read_csv(ring_run_server / "rounds.csv")
+    assert float(rows[0]["t_end"]) == pytest.approx(t1, rel=1e-12)
+    assert [int(r["completed"]) for r in rows] == [6, 6, 6] and rows[-1]["accuracy"] != ""
+
+
+def test_the_warmup_aggregator_averages_by_samples_what_came_in_time(tmp_path):
+    """In-process: the aggregator waits for every live client, takes a lost one out, averages by
+    samples, sends to the live ones after the aggregation time, and ignores a late model."""
+    train, test = synthetic(80, 20, (1, 28, 28), 10, seed=0)
+    task = TaskSpec("firma_mlp", train, test, 0)
+    cfg = RingConfig("fibfl++", 6, ["c0", "c1", "c2"], 0, 1, 1, batch_size=20, pass_timeout_s=5.0, warmup_via="server")
+    agg = WarmupAggregator(cfg, task, aggregate_s=0.25)
+    assert cfg.aggregator == agg.name == "server"
+    codec = make_codec("fp32")
+    spec_model = task.build()
+    states = {n: {k: np.full_like(v, i + 1.0) for k, v in state_to_numpy(spec_model).items()}
+              for i, n in enumerate(cfg.order)}
+
+    def update(src, t, samples, rnd=0):
+        enc = encode_state(states[src], codec, np.random.default_rng(0))
+        return agg.react(Message(src, "server", "warmup_update", rnd, t, {"samples": samples}, enc.frames))
+
+    first = update("c0", 1.0, 10.0)
+    assert first.sends == [] and first.timers == [(6.0, "warmup:0")]  # the pass timeout, from the first model
+    assert update("c1", 2.0, 30.0).timers == []  # c2 is still to come
+    lost = agg.react(Message("network", "server", "peer_down", 0, 3.0, {"actors": ["c2"]}))
+    assert lost.timers == [(3.25, "send:0")] and lost.sends == []  # formed now, leaves after aggregate_s
+    sent = agg.react(Message("network", "server", "tick", 0, 3.25, {"tag": "send:0"}))
+    (send,) = sent.sends
+    assert send.kind == "warmup_model" and send.dst == ["c0", "c1"]
+    average, _ = decode_state(send.frames, state_spec(spec_model))
+    assert all(np.allclose(v, (1.0 * 10 + 2.0 * 30) / 40) for v in average.values())
+    assert update("c2", 4.0, 50.0) == Reaction()  # round 0 is done: too late
+    assert agg.react(Message("network", "server", "tick", 0, 6.0, {"tag": "warmup:0"})) == Reaction()
+
+
+def test_a_ring_client_sends_its_warmup_model_to_the_aggregator_and_goes_on_without_it_if_lost():
+    train, test = synthetic(80, 20, (1, 28, 28), 10, seed=0)
+    task = TaskSpec("firma_mlp", train, test, 0)
+    cfg = RingConfig("fibfl++", 6, ["c0", "c1", "c2"], 0, 1, 1, batch_size=20, warmup_via="server")
+    actor = RingClientActor(ClientProfile("c0", 0, np.arange(20), 1.0, np.arange(10)), task, cfg, Evaluator(task))
+    started = actor.react(Message("network", "c0", "start", 0, 0.0, {}))
+    sent = started.work()()
+    assert [(s.dst, s.kind) for s in sent.sends] == [("server", "warmup_update")] and actor.phase == "warmup_wait"
+    gone = actor.react(Message("network", "c0", "peer_down", 0, 1.0, {"actors": ["server"]}))
+    report = gone.reports[0]() if callable(gone.reports[0]) else gone.reports[0]
+    assert report["round"] == 0 and report["warmup"] and report["t_end"] == 1.0  # round 0 ends with the own model
+    assert actor.round == 1 and gone.work is not None  # and round 1's training begins
+
+
 def test_same_seed_same_ring_run(ring_run, tmp_path):
     out = run_ring(tmp_path)
     assert read_csv(out / "transfers.csv") == read_csv(ring_run / "transfers.csv")
@@ -257,7 +352,7 @@ def test_gossip_that_arrives_during_training_waits_in_the_inbox():
 
 # ---- a host dies mid-run ---------------------------------------------------------------------------
 def test_sigkill_a_ring_host_the_survivors_finish(tmp_path):
-    text = RING.format(rounds=40, variant="fibfl+", transport="tcp")
+    text = RING.format(rounds=40, variant="fibfl+", transport="tcp", warmup="peer")
     path = write_scenario(tmp_path / "ring.yaml", text)
     out = tmp_path / "run"
     proc = start_run(path, out)
