@@ -234,6 +234,8 @@ class Conductor:
         writer.summary["privacy"] = {"mechanism": p.mechanism, "epsilon": None if p.epsilon == float("inf") else p.epsilon,
                                      "delta": p.delta, "clip": p.clip, "noise_factor_c_T": p.factor}
         writer.summary["topology"] = self.sc.topology
+        if world.client.codec_time is not None:
+            writer.summary["codec_time"] = world.client.codec_time.as_dict()
         writer.summary.update(topo.summary())
         clock = self.sc.clock
         writer.summary["clock"] = {"mode": clock.mode, **({"speedup": clock.speedup, "lag_bound_s": clock.lag_bound_s}
@@ -558,6 +560,8 @@ def resume_run(run_dir: Path, view_for: Any = None) -> dict:
 def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: View | None = None) -> dict:
     t0 = time.monotonic()
     world = build_world(sc)
+    if world.client.codec_time is not None:  # what was measured reruns and resumes from the run's scenario.yaml
+        resolved = {**resolved, "algorithm": {**resolved["algorithm"], "codec_time": world.client.codec_time.as_dict()}}
     run_dir = out if out is not None else new_run_dir(Path(sc.output.dir), sc.name)
     conductor = Conductor(sc, resolved, run_dir, view)
     conductor.t0 = t0

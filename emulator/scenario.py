@@ -341,6 +341,21 @@ class PrivacySpec(Strict):
         return self
 
 
+class CodecTimeSpec(Strict):
+    """Whole-model seconds of a client's codec work on the host that measured them (node/codec_cost.py)."""
+    host_ms_per_sample: float = Field(gt=0, description="the host's training time per sample, one thread")
+    decode_s: dict[int, float] = Field(description="decoding the task's model, by download bit-length (0: no bits)")
+    encode_s: dict[int, float] = Field(description="encoding the update, by upload bit-length (0: no bits)")
+    noise_s: float = Field(0.0, ge=0, description="the local DP noise on the weights")
+
+    @field_validator("decode_s", "encode_s")
+    @classmethod
+    def _non_empty(cls, table):
+        if not table or any(v < 0 for v in table.values()):
+            raise ValueError("needs at least one bit-length, each with seconds >= 0")
+        return table
+
+
 class Firma(Strict):
     """FibFL, FibFL+, FibFL++ (ALGORITHMS.md part 2); defaults are the released code's FIBFL_CFG."""
     variant: Literal["fibfl", "fibfl+", "fibfl++"] = "fibfl++"
@@ -381,6 +396,11 @@ class Algorithm(Strict):
     cohort: Union[Literal["auto", "off"], Annotated[int, Field(ge=1)]] = Field(
         "auto", description="train up to N clients of a host together as one batched cohort (wall clock only: emulated "
                             "time and bytes are unchanged); auto: 32 on a GPU, off on a CPU; off")
+    charge_codec_time: bool = Field(
+        False, description="charge each client task the device's time to decode the model, noise it and encode the "
+                           "update: measured on this machine before the run, scaled by the device's speed")
+    codec_time: Optional[CodecTimeSpec] = Field(
+        None, description="the measured table; null: measure it (the run's scenario.yaml pins what was measured)")
     codec: Codecs = Field(default_factory=Codecs)
     quantization: Quantization = Field(default_factory=Quantization)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
@@ -394,6 +414,12 @@ class Algorithm(Strict):
         if isinstance(value, bool):
             return "auto" if value else "off"
         return value
+
+    @model_validator(mode="after")
+    def _codec_time_charged(self):
+        if self.codec_time is not None and not self.charge_codec_time:
+            raise ValueError("codec_time: a measured table is used only with charge_codec_time: true")
+        return self
 
     @model_validator(mode="after")
     def _strategy_options(self):
@@ -601,6 +627,8 @@ class Scenario(Strict):
                                  "offline set algorithm.firma.pass_timeout_s")
             if self.algorithm.privacy.mechanism != "none" or self.algorithm.quantization.schedule != "static":
                 raise ValueError("algorithm.privacy and algorithm.quantization.schedule apply to star algorithms only")
+            if self.algorithm.charge_codec_time:
+                raise ValueError("algorithm.charge_codec_time: charged to the clients of a server; a ring's gossip is not")
         elif self.algorithm.name in ring_algorithms:
             raise ValueError(f"algorithm.name {self.algorithm.name} runs on topology: ring")
         if self.run.checkpoint_every is not None and (self.topology == "ring" or self.clock.mode == "realtime"):

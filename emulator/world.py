@@ -11,6 +11,7 @@ import numpy as np
 from node import data as datasets
 from node import firma
 from node.client import ClientConfig, ClientProfile, TaskSpec
+from node.codec_cost import CodecTime, calibrate
 from node.device import DevicePlan
 from node.stages import Privacy
 from node.models import PRIVATE_PREFIX, training_flops
@@ -19,7 +20,7 @@ from node.ring import RingConfig
 from node.strategies import Strategy, strategy_class
 from node.strategies.fedalign import FedAlign
 from node.strategies.fedavg import FedAvg
-from node.privacy import noise_factor
+from node.privacy import add_noise, noise_factor
 from node.schedule import BitSchedule
 from node.server import ServerConfig
 from . import devices as dev_model
@@ -206,7 +207,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
                           fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
-                          cohort=alg.cohort)
+                          cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names))
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     edges: list[EdgeInfo] = []
     if sc.topology == "hierarchical":
@@ -344,6 +345,29 @@ def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> Rin
     return RingConfig(f.variant, sc.rounds, names, sc.seed, f.epochs_head, f.epochs_extractor, alg.lr, alg.batch_size,
                       f.gamma, f.gamma_start, f.gamma_end, f.tau, alg.codec.up.build(), sc.eval.every,
                       prefix, f.pass_timeout_s, head_share, f.init, f.warmup_aggregator)
+
+
+def _codec_time(sc: Scenario, task: TaskSpec, server: ServerConfig, schedule: BitSchedule, privacy: Privacy,
+                tensor_names: list[str]) -> CodecTime | None:
+    """What a client's codec work costs on this machine: the scenario's pinned table, or measured
+    now, at every bit-length the schedule can give, before any host forks (node/codec_cost.py)."""
+    alg = sc.algorithm
+    if not alg.charge_codec_time:
+        return None
+    if alg.codec_time is not None:
+        return CodecTime(**alg.codec_time.model_dump())
+    up = alg.codec.up.build()
+
+    def bit_lengths(codec) -> list[int | None]:
+        own = getattr(codec, "bits", None)
+        return list(range(schedule.b_min, schedule.b_max + 1)) if schedule.adaptive and own is not None else [own]
+
+    noise = None
+    if privacy.mechanism in ("laplace", "gaussian"):
+        noise = lambda state, rng: add_noise(state, privacy.mechanism, 1.0, rng)  # noqa: E731
+    inputs, labels = task.train.batch(np.arange(min(64, len(task.train.y))))
+    return calibrate(task.build(), inputs, labels, server.down_codec, up, bit_lengths(server.down_codec), bit_lengths(up),
+                     noise, down_layers=server.down_layers, up_layers=alg.codec.up.build_layers(tensor_names))
 
 
 def _selection_params(sc: Scenario) -> dict[str, float]:

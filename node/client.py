@@ -16,6 +16,7 @@ from .channel import Channel, ChannelStats
 from .cohort import CohortTrainer, TrainRequest, resolve_cohort
 from . import accounting, fedalign
 from .actor import Checkpointable, Message, Reaction, Send
+from .codec_cost import CodecTime
 from .compute import LoadModel, full_speed_seconds, loaded_duration
 from .data import Dataset, with_input_noise
 from .device import DevicePlan
@@ -87,6 +88,7 @@ class ClientConfig:
     up_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
     strategy: Strategy = field(default_factory=FedAvg)  # its client side: how the global model becomes this client's
     cohort: str | int = "auto"  # algorithm.cohort: the largest group of clients a host trains together
+    codec_time: CodecTime | None = None  # algorithm.charge_codec_time: the host's measured codec seconds
 
 
 class Trainer:
@@ -228,6 +230,8 @@ class ClientActor(Checkpointable):
 
         status = self.status(now)
         busy = full_speed_seconds(self.profile.ms_per_sample, trained_on, local.epochs, local.batch_size, self.profile.ms_per_batch)
+        if self.cfg.codec_time is not None:
+            busy += self.cfg.codec_time.seconds(body.get("bits"), bits, self.profile.ms_per_sample)
         return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work,
                         cohort=self.cfg.train)
 

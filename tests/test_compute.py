@@ -96,3 +96,83 @@ def test_a_capped_session_trains_on_a_fresh_subset_and_is_weighted_by_it():
     assert reaction.work_s == pytest.approx(10.0 * 16 * 2 / 1000)  # 16 samples, not 60
     sent = reaction.work()().sends[0]
     assert sent.body["samples"] == 16
+
+
+# ---- codec work charged to the client (algorithm.charge_codec_time) ----------------------------------
+def test_codec_seconds_scale_the_hosts_measurement_by_the_devices_speed():
+    from node.codec_cost import CodecTime
+
+    table = CodecTime(host_ms_per_sample=2.0, decode_s={0: 0.005}, encode_s={8: 0.01, 16: 0.02}, noise_s=0.003)
+    # a device that trains 3x slower than the host (6 ms against 2 ms a sample) codes 3x slower
+    assert table.seconds(None, 16, 6.0) == pytest.approx((0.005 + 0.003 + 0.02) * 3)
+    assert table.seconds(None, 8, 1.0) == pytest.approx((0.005 + 0.003 + 0.01) / 2)
+    # a bit-length the table lacks takes the nearest one measured (the lower on a tie)
+    assert table.seconds(None, 15, 2.0) == pytest.approx(0.028) and table.seconds(None, 12, 2.0) == pytest.approx(0.018)
+
+
+def test_calibration_measures_every_bit_length_the_run_can_use():
+    import torch
+
+    from node.codec_cost import calibrate
+    from node.privacy import add_noise
+    from protocol.codecs import make_codec
+
+    model = build_model("mlp", (1, 8, 8), 10)
+    inputs, labels = torch.rand(32, 1, 8, 8), torch.randint(0, 10, (32,))
+    table = calibrate(model, inputs, labels, make_codec("fp32"), make_codec({"name": "int", "bits": 8}), [None], range(4, 9),
+                      lambda state, rng: add_noise(state, "laplace", 1.0, rng), reps=1)
+    assert set(table.decode_s) == {0} and set(table.encode_s) == {4, 5, 6, 7, 8}
+    assert all(v > 0 for v in [*table.decode_s.values(), *table.encode_s.values(), table.noise_s, table.host_ms_per_sample])
+    assert calibrate(model, inputs, labels, make_codec("fp32"), make_codec("fp16"), [None], [None], reps=1).noise_s == 0.0
+
+
+PINNED = {"host_ms_per_sample": 4.0, "decode_s": {0: 0.25}, "encode_s": {8: 0.5}, "noise_s": 0.25}
+
+
+def test_a_charged_task_takes_its_codec_seconds_on_real_processes_and_the_run_pins_its_table(tmp_path):
+    """One client at 20 ms a sample, 5x the pinned host's 4 ms: 1 s of codec work becomes 5 s."""
+    import json
+
+    import yaml
+
+    base = SCENARIO.replace("load_mean: 0.5, load_period_s: 1.5", "load_mean: 0.0") \
+        .replace("algorithm: {local_epochs: 2, batch_size: 64}",
+                 "algorithm: {local_epochs: 2, batch_size: 64, codec: {up: {name: int, bits: 8}}, "
+                 "privacy: {mechanism: laplace, epsilon: 100, clip: 10}, charge_codec_time: true, codec_time: %s}"
+                 % json.dumps(PINNED))
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", base)), "--out", str(out), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    busy = full_speed_seconds(20.0, 200, 2, 64, 30.0)
+    codec_s = (0.25 + 0.25 + 0.5) * 20.0 / 4.0
+    clients = read_csv(out / "clients.csv")
+    assert len(clients) == 2
+    for c in clients:
+        assert float(c["compute_end"]) - float(c["compute_start"]) == pytest.approx(busy + codec_s, rel=1e-9)
+    trains = [d for d in read_csv(out / "devices.csv") if d["event"] == "train"]
+    assert all(float(d["energy_j"]) == pytest.approx(2.0 * (busy + codec_s)) for d in trains)  # the CPU codes at full power
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["codec_time"] == {**PINNED, "decode_s": {"0": 0.25}, "encode_s": {"8": 0.5}}
+    # measured, not pinned: the run directory's scenario.yaml pins what was measured, and reruns to the same times
+    measured = base.replace(", codec_time: %s}" % json.dumps(PINNED), "}")
+    first = tmp_path / "measured"
+    res = run_cli("run", str(write_scenario(tmp_path / "m.yaml", measured)), "--out", str(first), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    pinned = yaml.safe_load((first / "scenario.yaml").read_text())["algorithm"]["codec_time"]
+    assert set(pinned["encode_s"]) == {8} and pinned["host_ms_per_sample"] > 0
+    again = tmp_path / "again"
+    res = run_cli("run", str(first / "scenario.yaml"), "--out", str(again), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert read_csv(again / "clients.csv") == read_csv(first / "clients.csv")
+    took = [float(c["compute_end"]) - float(c["compute_start"]) for c in read_csv(first / "clients.csv")]
+    assert all(t > busy for t in took)
+
+
+def test_codec_time_without_charging_it_is_refused(tmp_path):
+    import json
+
+    text = SCENARIO.replace("algorithm: {local_epochs: 2, batch_size: 64}",
+                            "algorithm: {local_epochs: 2, batch_size: 64, codec_time: %s}" % json.dumps(PINNED))
+    res = run_cli("validate", str(write_scenario(tmp_path / "s.yaml", text)))
+    assert res.returncode == 2 and "codec_time" in res.stderr and "charge_codec_time" in res.stderr
+    assert "Traceback" not in res.stderr
