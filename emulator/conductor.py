@@ -157,7 +157,7 @@ class Conductor:
                                 world.faults, clock.speedup if clock.mode == "realtime" else None,
                                 devices={c.profile.name: c.spec for c in world.clients if c.spec is not None},
                                 seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of,
-                                tcp=world.tcp, group_queue_s=world.group_queue_s,
+                                tcp=world.tcp, group_queue_s=world.group_queue_s, flow_solver=world.flow_solver,
                                 starters=topo.starters(), watchers=topo.watchers(),
                                 peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world),
                                 checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,

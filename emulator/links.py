@@ -162,6 +162,7 @@ class FlowModel:
     held: dict[Hashable, list] = field(default_factory=dict)  # link -> [bits its flows' windows hold, how many]
     fill: dict[Hashable, float] = field(default_factory=dict)  # link -> the part of what they hold its buffer takes
     unsettled: bool = False  # flows were added whose rates are not computed yet
+    flow_class = Flow
 
     def advance(self, t: float) -> None:
         """Time moves on. A flow's bits are counted when something looks at it (sync): between
@@ -191,7 +192,7 @@ class FlowModel:
         link bits of a full segment (`mss` its payload bytes) and `loss` the probability that a segment is lost.
         With settle=False the rates are recomputed later, by `settle` or the next change: flows that
         start at one instant then cost one max-min filling together, not one each."""
-        flow = Flow(tuple(path), float(bits), synced_t=self.t)
+        flow = self.flow_class(tuple(path), float(bits), synced_t=self.t)
         self.flows[fid] = flow
         if self.transport is not None:
             conn = self.transport.connection(connection)

@@ -77,6 +77,17 @@ class _SortedCaps:
         else:
             del self.blocks[b], self.maxes[b], self.sums[b]
 
+    def between(self, low: float, high: float) -> list[int]:
+        """The seqs of the finite caps in (low, high]."""
+        out = []
+        for block in self.blocks:
+            if block[-1][0] <= low:
+                continue
+            if block[0][0] > high:
+                break
+            out += [seq for cap, seq in block if low < cap <= high]
+        return out
+
     def level(self, capacity: float) -> float:
         """s with sum_i min(p_i, s) = capacity, or INF when every flow fits under its own cap.
         Flow k (in increasing p) is held by its own cap when S_k + p_k (n - k) < C, a condition
@@ -114,6 +125,11 @@ class IncrementalMaxMin:
         self.levels: dict[Hashable, float] = {}  # star link -> its water level, while valid
         self.general: dict[Hashable, float] = {}  # rates of flows in other components, while valid
         self.dirty: set[Hashable] = set()  # flows whose component must be solved again
+        self.general_bottleneck: dict[Hashable, Hashable | None] = {}
+        self.by_seq: dict[int, Hashable] = {}
+        # what changed since the caller last looked (the flow model reads and clears these)
+        self.touched_links: set[Hashable] = set()
+        self.touched_flows: set[Hashable] = set()
 
     # ---- changes -----------------------------------------------------------------------------
     def add(self, fid: Hashable, path: Sequence[Hashable]) -> None:
@@ -123,6 +139,7 @@ class IncrementalMaxMin:
         self.routes[fid] = tuple(path)
         self.paths[fid] = links
         self.seq[fid] = next(self._seqs)
+        self.by_seq[self.seq[fid]] = fid
         newly_shared = []
         for link in links:
             users = self.users.setdefault(link, {})
@@ -147,6 +164,7 @@ class IncrementalMaxMin:
         for last in dict.fromkeys(alone):  # its link is private again
             self._detach(last)
             self._attach(last)
+        del self.by_seq[self.seq[fid]]
         for table in (self.routes, self.paths, self.seq):
             del table[fid]
 
@@ -165,6 +183,7 @@ class IncrementalMaxMin:
 
     # ---- placing a flow in its case ----------------------------------------------------------
     def _attach(self, fid: Hashable) -> None:
+        self.touched_flows.add(fid)
         shared = tuple(link for link in self.paths[fid] if len(self.users[link]) >= 2)
         self.attached[fid] = shared
         if len(shared) >= 2:
@@ -178,6 +197,7 @@ class IncrementalMaxMin:
             self._changed(link)
 
     def _detach(self, fid: Hashable) -> None:
+        self.touched_flows.add(fid)
         shared = self.attached.pop(fid, ())
         if len(shared) >= 2:
             for link in shared:
@@ -192,9 +212,11 @@ class IncrementalMaxMin:
         for link in shared:
             self._changed(link)
         self.general.pop(fid, None)
+        self.general_bottleneck.pop(fid, None)
         self.dirty.discard(fid)
 
     def _changed(self, link: Hashable) -> None:
+        self.touched_links.add(link)
         self.levels.pop(link, None)
         if link in self.impure:
             self.dirty.update(self.users.get(link, ()))
@@ -217,7 +239,21 @@ class IncrementalMaxMin:
     def rates(self) -> dict[Hashable, float]:
         return {fid: self.rate(fid) for fid in self.paths}
 
-    def _solve_component(self, start: Hashable) -> None:
+    def level(self, link: Hashable) -> float:
+        """The water level of a star link (INF: it is not saturated)."""
+        level = self.levels.get(link)
+        if level is None:
+            level = self.levels[link] = self.caps[link].level(self.capacity[link])
+        return level
+
+    def solve_dirty(self) -> list[Hashable]:
+        """Solve every component that changed; the flows whose rates were computed again."""
+        solved: list[Hashable] = []
+        while self.dirty:
+            solved += self._solve_component(next(iter(self.dirty)))
+        return solved
+
+    def _solve_component(self, start: Hashable) -> list[Hashable]:
         """Max-min from scratch over the flows linked to `start` through shared links."""
         from .links import max_min_fill
 
@@ -232,7 +268,9 @@ class IncrementalMaxMin:
                         seen.add(other)
                         todo.append(other)
         members = sorted(seen, key=self.seq.__getitem__)  # arrival order, as a from-scratch solve takes them
-        rates, _ = max_min_fill([self.paths[f] for f in members], self.capacity)
-        for fid, r in zip(members, rates):
+        rates, bottlenecks = max_min_fill([self.paths[f] for f in members], self.capacity)
+        for fid, r, link in zip(members, rates, bottlenecks):
             self.general[fid] = r
+            self.general_bottleneck[fid] = link
             self.dirty.discard(fid)
+        return members

@@ -26,6 +26,7 @@ from protocol import envelope
 from node.compute import LoadModel, cpu_load
 
 from .devices import DeviceSpec, stable_key
+from .levelflows import IncrementalFlowModel
 from .links import INF, FlowModel, Framing
 from .peers import PeerGuard
 from .transport import TcpParams, TcpTransport
@@ -82,6 +83,7 @@ class NetworkConfig:
     seed: int = 0
     rto_s: float = 0.2  # fluid transport: the delay a lost segment costs (Linux's minimum retransmission timeout)
     tcp: TcpParams | None = None  # the tcp transport's parameters; None: the fluid transport
+    flow_solver: str = "scratch"  # "incremental": emulator/levelflows.py
     group_queue_s: dict[str, float] = field(default_factory=dict)  # buffers of the shared bottlenecks
     groups: dict[str, float] = field(default_factory=dict)  # shared bottleneck links: name -> bit/s
     group_of: dict[str, list[str]] = field(default_factory=dict)  # actor -> shared links its traffic crosses
@@ -159,7 +161,8 @@ class Network:
         self.reported_silent: set[str] = set()
         self.dead: set[str] = set()
         self.transfers: dict[int, Transfer] = {}
-        self.flows = FlowModel(self._capacities(), TcpTransport(cfg.tcp) if cfg.tcp else None, self._queues())
+        model = IncrementalFlowModel if cfg.flow_solver == "incremental" else FlowModel
+        self.flows = model(self._capacities(), TcpTransport(cfg.tcp) if cfg.tcp else None, self._queues())
         self.started = False
         self.stopping = False
         self.wall_start: float | None = None  # realtime mode: wall clock at emulated time 0

@@ -485,6 +485,17 @@ class NetworkModel(Strict):
     segment_overhead: int = Field(66, ge=0, description="header bytes per segment on the link")
     per_transfer_bytes: int = Field(0, ge=0)
     rto_ms: float = Field(200.0, ge=0, description="minimum RTO; fluid: the delay each lost segment costs")
+    flow_solver: Literal["scratch", "incremental"] = Field(
+        "scratch", description="scratch: max-min rates filled again over every flow at every change; incremental: "
+                               "only what a change moves (emulator/levelflows.py), the same times, for thousands of "
+                               "concurrent flows; fluid transport only so far")
+
+    @model_validator(mode="after")
+    def _incremental_is_fluid_only(self):
+        if self.flow_solver == "incremental" and self.transport != "fluid":
+            raise ValueError("network.flow_solver: incremental runs with transport: fluid only so far (its tcp windows "
+                             "are not yet within the from-scratch model's times); use flow_solver: scratch for tcp")
+        return self
 
     @model_validator(mode="after")
     def _tcp_needs_segments(self):

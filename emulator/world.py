@@ -67,6 +67,7 @@ class World:
     rto_s: float
     ring: RingConfig | None = None
     tcp: TcpParams | None = None  # None: the fluid transport
+    flow_solver: str = "scratch"  # network.flow_solver
     group_queue_s: dict[str, float] = field(default_factory=dict)  # topology ring: the gossip configuration (no server process)
     edges: list[EdgeInfo] = field(default_factory=list)  # topology hierarchical: the edge aggregators (server is the cloud)
 
@@ -221,7 +222,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
         faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
-        tcp=_tcp_params(sc), group_queue_s=group_queue_s, edges=edges,
+        tcp=_tcp_params(sc), group_queue_s=group_queue_s, edges=edges, flow_solver=sc.network.flow_solver,
     )
 
 

@@ -1,0 +1,467 @@
+"""The flow model with rates kept up to date incrementally, for rounds where thousands of flows
+share one link (network.flow_solver: incremental).
+
+`links.FlowModel` fills max-min rates from scratch over every flow at every change and reschedules
+every flow whose rate moved: O(F log F) per event, and O(F) new events whenever a shared link's
+fair share moves, which it does at nearly every event. Here:
+- rates come from `maxmin.IncrementalMaxMin`: a change costs O(sqrt F) on a star (a shared link
+  whose flows cross no other shared link) and a from-scratch solve of its component elsewhere;
+- the flows a star's water level holds ("level flows") carry no rate of their own: they all move
+  at the level, so the star keeps one virtual clock (bits per level flow sent so far), a flow's
+  progress is the clock's advance since it last looked, and its bit-driven events (last bit, the
+  slow-start round's budget, the next lost segment) wait in the star's heap in clock units. Only
+  the star's earliest is scheduled with the network process, so a level change reschedules one
+  flow, not all of them;
+- only flows whose rate really changes are touched: the changed flow, flows whose case changed,
+  flows of a re-solved component, and the flows whose own cap lies between a star's old and new
+  level (they switch between being held by the level and by their own link or window).
+
+What differs from the from-scratch model, by design: a window-limited flow's rate cap
+(cwnd / RTT with the queues of the moment) is read again at its own events (every growth step,
+a few RTTs) and when its rate is touched, not at every change elsewhere; on an exact tie between a
+flow's own cap and a star's level the flow counts as held by its own link. Fluid runs give the
+from-scratch model's times (to rounding); tcp runs differ by the window lag above
+(tests/test_levelflows.py measures both on random workloads)."""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+from .links import INF, Flow, FlowModel
+from .maxmin import IncrementalMaxMin
+from .transport import EPS_BITS
+
+
+class StarClock:
+    """A star link's water level and the bits each of its level flows has sent since the clock began."""
+
+    __slots__ = ("link", "level", "v", "tv", "heap", "head", "ca", "queue")
+
+    def __init__(self, link: Hashable, t: float) -> None:
+        self.link = link
+        self.level = INF
+        self.v = 0.0
+        self.tv = t
+        self.heap: list[tuple[float, int, Hashable, int]] = []  # (clock value due, seq, flow, key)
+        self.head: Hashable | None = None  # the level flow whose clock event is scheduled
+        self.ca: set[Hashable] = set()  # level flows in congestion avoidance: their windows' excess queues here
+        self.queue: tuple[float, float] | None = None  # (qdelay, fill), cached until the level or members change
+
+    def at(self, t: float) -> float:
+        if 0 < self.level < INF and t > self.tv:
+            return self.v + self.level * (t - self.tv)
+        return self.v
+
+    def set_level(self, t: float, level: float) -> None:
+        self.v = self.at(t)
+        self.tv = t
+        self.level = level
+        self.queue = None  # the model marks the link's queue as moved
+
+    def due(self, v_due: float, t: float) -> float:
+        if not 0 < self.level < INF:
+            return INF if self.level <= 0 else t
+        return t + max(v_due - self.at(t), 0.0) / self.level
+
+
+class LevelFlow(Flow):
+    """A flow whose rate and fair share are its star's level while the level holds it."""
+
+    star: StarClock | None = None
+    v_synced = 0.0
+    vkey = 0
+    mode = ""  # "" (not placed), "alone", "star", "general"
+    _rate = 0.0
+    _share = 0.0
+
+    @property
+    def rate(self) -> float:  # type: ignore[override]
+        return self.star.level if self.star is not None else self._rate
+
+    @rate.setter
+    def rate(self, value: float) -> None:
+        self._rate = value
+
+    @property
+    def share(self) -> float:  # type: ignore[override]
+        return self.star.level if self.star is not None else self._share
+
+    @share.setter
+    def share(self, value: float) -> None:
+        self._share = value
+
+
+def _window(fid: Hashable) -> tuple[str, Hashable]:
+    return ("window", fid)
+
+
+@dataclass
+class IncrementalFlowModel(FlowModel):
+    flow_class = LevelFlow
+    mm: IncrementalMaxMin = field(init=False)
+    stars: dict[Hashable, StarClock] = field(default_factory=dict)
+    pending: dict[Hashable, None] = field(default_factory=dict)  # active flows not yet placed
+    was_impure: set = field(default_factory=set)
+    # window-limited flows in congestion avoidance, by link: their cap reads the link's queue, so
+    # they are read again when it moves (as the from-scratch model reads every cap at every change)
+    watchers: dict[Hashable, dict[Hashable, None]] = field(default_factory=dict)
+    queue_moved: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.mm = IncrementalMaxMin(self.capacity)
+
+    # ---- progress -------------------------------------------------------------------------------
+    def sync(self, flow: Flow) -> None:
+        star = getattr(flow, "star", None)
+        if star is None:
+            super().sync(flow)
+            return
+        v = star.at(self.t)
+        bits = min(max(v - flow.v_synced, 0.0), flow.remaining_bits)
+        flow.v_synced = v
+        if bits > 0 and flow.active:
+            flow.remaining_bits -= bits
+            if flow.tcp:
+                self.transport.sent(flow, bits)
+        flow.synced_t = self.t
+
+    # ---- changes --------------------------------------------------------------------------------
+    def add(self, fid: Hashable, bits: float, path: Sequence[Hashable], *, settle: bool = True, **kw):
+        super().add(fid, bits, path, settle=False, **kw)
+        if self.flows[fid].active:
+            self.pending[fid] = None
+        return self._rebalance() if settle else []
+
+    def _begin(self, fid: Hashable) -> None:
+        super()._begin(fid)
+        self.pending[fid] = None
+
+    def remove(self, fid: Hashable):
+        flow = self.flows.get(fid)
+        if flow is not None:
+            self.sync(flow)
+            self._unplace(fid, flow)
+        self.pending.pop(fid, None)
+        return super().remove(fid)
+
+    def fire(self, fid: Hashable):
+        flow = self.flows[fid]
+        self.sync(flow)
+        if flow.rate == INF:
+            bits = min(flow.remaining_bits, self._instant_bits(flow))
+            flow.remaining_bits -= bits
+            if flow.tcp:
+                self.transport.sent(flow, bits)
+        self._snap(flow)
+        if flow.tcp is None:
+            return True, []
+        self.transport.fire(flow, self.t, flow.share * flow.tcp.rtt_base, self._queue_allowance(flow))
+        if flow.remaining_bits <= EPS_BITS:
+            return True, []
+        self._replace_if_capped(fid, flow)
+        self.mm.touched_flows.add(fid)
+        return False, self._rebalance(force=fid)
+
+    def _place(self, fid: Hashable, flow: Flow) -> None:
+        cap = self.transport.cap(flow, self.t) if flow.tcp else INF
+        self.mm.capacity[_window(fid)] = cap
+        self.mm.add(fid, (*flow.path, _window(fid)))
+
+    def _watch(self, fid: Hashable, flow: Flow, on: bool) -> None:
+        if on == bool(getattr(flow, "watched", False)):
+            return
+        flow.watched = on
+        for link in flow.path:
+            if on:
+                self.watchers.setdefault(link, {})[fid] = None
+            else:
+                self.watchers[link].pop(fid, None)
+
+    def _unplace(self, fid: Hashable, flow: Flow) -> None:
+        self._watch(fid, flow, False)
+        if fid in self.mm.paths:
+            self.mm.remove(fid)
+            self.mm.capacity.pop(_window(fid), None)
+        self._leave_star(fid, flow)
+        flow.mode = ""
+        self._drop_excess(fid)
+
+    def _leave_star(self, fid: Hashable, flow: Flow) -> None:
+        star = flow.star
+        if star is None:
+            return
+        self.sync(flow)
+        flow.star = None
+        flow._rate = flow._share = star.level
+        if fid in star.ca:
+            star.ca.discard(fid)
+            star.queue = None
+        if star.head == fid:
+            star.head = None
+
+    def _replace_if_capped(self, fid: Hashable, flow: Flow) -> bool:
+        """Place the flow again when its window's cap moved (its event changed the window)."""
+        cap = self.transport.cap(flow, self.t)
+        if cap == self.mm.capacity.get(_window(fid)):
+            return False
+        self.mm.remove(fid)
+        self.mm.capacity[_window(fid)] = cap
+        self.mm.add(fid, (*flow.path, _window(fid)))
+        return True
+
+    # ---- the rates after changes ----------------------------------------------------------------
+    def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
+        self.unsettled = False
+        mm, flows = self.mm, self.flows
+        moved, self.queue_moved = self.queue_moved, set()
+        for link in moved:
+            for fid in list(self.watchers.get(link, ())):
+                flow = flows.get(fid)
+                if flow is not None and fid in mm.paths:
+                    self.sync(flow)
+                    if self._replace_if_capped(fid, flow):
+                        mm.touched_flows.add(fid)
+        for fid in self.pending:
+            flow = flows.get(fid)
+            if flow is not None and flow.active and fid not in mm.paths:
+                self.sync(flow)
+                self._place(fid, flow)
+        self.pending.clear()
+        touched: set[Hashable] = set()
+        stars_changed: set[Hashable] = set()
+        while mm.touched_flows or mm.touched_links or mm.dirty:
+            found = self._collect(stars_changed)
+            # a touched flow's window may have moved as it caught up (a slow-start round's budget
+            # spent): read its cap again, as the from-scratch model reads every cap
+            for fid in found - touched:
+                flow = flows.get(fid)
+                if flow is not None and fid in mm.paths:
+                    self.sync(flow)
+                    if flow.tcp is not None:
+                        self._replace_if_capped(fid, flow)
+            touched |= found
+        changed: list[tuple[Hashable, float, int]] = []
+        for fid in touched:
+            flow = flows.get(fid)
+            if flow is None or fid not in mm.paths:
+                continue
+            self.sync(flow)
+            old_star = flow.star
+            self._settle_flow(fid, flow, changed, force == fid)
+            if old_star is not None:
+                stars_changed.add(old_star.link)
+            if flow.star is not None:
+                stars_changed.add(flow.star.link)
+        if force is not None and force not in touched and force in flows:
+            self._settle_flow(force, flows[force], changed, True)
+        for link in stars_changed:
+            star = self.stars.get(link)
+            if star is not None:
+                self._reschedule_head(star, changed)
+        return changed
+
+    def _collect(self, stars_changed: set) -> set:
+        """The flows whose rates the changes recorded in the solver may have moved; new levels set."""
+        mm = self.mm
+        touched = mm.touched_flows
+        for link in mm.touched_links:
+            if link in mm.impure:
+                self.was_impure.add(link)
+                continue
+            if link in self.was_impure:  # its last flow on another shared link left: a star again
+                self.was_impure.discard(link)
+                touched.update(mm.users.get(link, ()))
+            if link not in mm.caps:
+                continue
+            new = mm.level(link)
+            star = self.stars.get(link)
+            if star is None:
+                star = self.stars[link] = StarClock(link, self.t)
+            old = star.level
+            if new != old:
+                low, high = min(old, new), max(old, new)
+                touched.update(mm.by_seq[seq] for seq in mm.caps[link].between(low, high))
+                star.set_level(self.t, new)
+                if star.ca:
+                    self.queue_moved.add(link)
+            stars_changed.add(link)
+        touched.update(mm.solve_dirty())
+        mm.touched_links = set()
+        mm.touched_flows = set()
+        return touched
+
+    def _settle_flow(self, fid: Hashable, flow: Flow, changed: list, force: bool) -> None:
+        """The flow's rate, what fixes it and its next event, after the changes."""
+        mm = self.mm
+        shared = mm.attached[fid]
+        window = _window(fid)
+        was_level = flow.star is not None
+        if not shared:
+            rate, link = self._own_cap(fid, flow, None)
+            self._leave_star(fid, flow)
+            flow.mode = "alone"
+        elif len(shared) == 1 and shared[0] not in mm.impure:
+            star_link = shared[0]
+            star = self.stars.get(star_link)
+            if star is None:
+                star = self.stars[star_link] = StarClock(star_link, self.t)
+                star.set_level(self.t, mm.level(star_link))
+            own, own_link = self._own_cap(fid, flow, star_link)
+            flow.mode = "star"
+            if own > star.level:
+                link = star_link
+                if flow.star is not star:
+                    self._leave_star(fid, flow)
+                    flow.star = star
+                    flow.v_synced = star.at(self.t)
+                self._after(fid, flow, link)
+                self._level_queue(fid, flow, star)
+                self._schedule_level(fid, flow, star, changed)
+                return
+            rate, link = own, own_link
+            self._leave_star(fid, flow)
+        else:
+            self._leave_star(fid, flow)
+            flow.mode = "general"
+            rate, link = mm.general[fid], mm.general_bottleneck[fid]
+        was = flow.rate
+        flow.rate = rate
+        if link != window and rate > 0:
+            flow.share = rate
+        self._after(fid, flow, link)
+        if self.transport is not None:
+            self._queue_of(fid, flow)
+        if rate == was and not was_level and flow.done_at < INF and not force:
+            return
+        flow.version += 1
+        if flow.tcp:
+            flow.done_at = self.transport.next_event(flow, self.t)
+        elif flow.remaining_bits <= 0 or rate == INF:
+            flow.done_at = self.t
+        elif rate > 0:
+            flow.done_at = self.t + flow.remaining_bits / rate
+        else:
+            flow.done_at = INF
+        if flow.done_at < INF:
+            changed.append((fid, flow.done_at, flow.version))
+
+    def _own_cap(self, fid: Hashable, flow: Flow, shared: Hashable) -> tuple[float, Hashable | None]:
+        """The flow's narrowest link but `shared` (its window included), the first on its path on a tie."""
+        best, which = INF, None
+        cap = self.mm.capacity
+        for link in (*flow.path, _window(fid)):
+            if link != shared and cap.get(link, INF) < best:
+                best, which = cap[link], link
+        return best, which
+
+    def _after(self, fid: Hashable, flow: Flow, link: Hashable) -> None:
+        limited = link == _window(fid)
+        self._watch(fid, flow, limited and flow.tcp is not None and flow.tcp.phase == "ca")
+        flow.bottleneck = link
+        if not limited:
+            flow.link_bottleneck = link
+        if flow.tcp:
+            self.transport.after_rates(flow, self.t, limited)
+
+    def _schedule_level(self, fid: Hashable, flow: Flow, star: StarClock, changed: list) -> None:
+        """A level flow's bit-driven event goes to its star's heap; its own time-driven event
+        (the slow-start round's end) straight to the network."""
+        target = flow.remaining_bits
+        st = flow.tcp
+        if st is not None:
+            if st.loss_in < INF:
+                target = min(target, st.loss_in)
+            if st.phase == "ss" and st.budget > EPS_BITS:
+                target = min(target, st.budget)
+        flow.vkey += 1
+        heapq.heappush(star.heap, (star.at(self.t) + target, self.mm.seq[fid], fid, flow.vkey))
+        if star.head == fid:
+            star.head = None  # its scheduled clock event is stale: the head is chosen again
+        self._schedule_own(fid, flow, changed)
+
+    def _own_time(self, flow: Flow) -> float:
+        st = flow.tcp
+        return st.round_end if st is not None and st.phase == "ss" else INF
+
+    def _schedule_own(self, fid: Hashable, flow: Flow, changed: list, also: float = INF) -> None:
+        flow.version += 1
+        flow.done_at = min(self._own_time(flow), also)
+        if flow.done_at < INF:
+            changed.append((fid, flow.done_at, flow.version))
+
+    def _reschedule_head(self, star: StarClock, changed: list) -> None:
+        heap, flows = star.heap, self.flows
+        while heap:
+            _, _, fid, key = heap[0]
+            flow = flows.get(fid)
+            if flow is not None and flow.star is star and flow.vkey == key:
+                break
+            heapq.heappop(heap)
+        new = heap[0][2] if heap else None
+        old = star.head
+        if old is not None and old != new and old in flows and flows[old].star is star:
+            self._schedule_own(old, flows[old], changed)  # no longer first: only its own time event
+        star.head = new
+        if new is not None:
+            self._schedule_own(new, flows[new], changed, star.due(heap[0][0], self.t))
+
+    # ---- standing queues: level flows' windows are counted at the level of the moment -----------
+    def _level_queue(self, fid: Hashable, flow: Flow, star: StarClock) -> None:
+        self._drop_excess(fid)
+        st = flow.tcp
+        member = st is not None and st.phase == "ca" and not st.limited
+        if member != (fid in star.ca):
+            (star.ca.add if member else star.ca.discard)(fid)
+        if member or fid in star.ca:
+            star.queue = None
+            self.queue_moved.add(star.link)
+
+    def _link_queue(self, link: Hashable) -> None:
+        super()._link_queue(link)
+        self.queue_moved.add(link)
+        star = self.stars.get(link)
+        if star is not None:
+            star.queue = None
+
+    def _star_queue(self, link: Hashable, star: StarClock) -> tuple[float, float]:
+        if star.queue is None:
+            level = star.level
+            held = self.held.get(link, (0.0, 0))[0]
+            for fid in star.ca:
+                st = self.flows[fid].tcp
+                part = st.conn.cwnd * st.seg_bits - level * st.rtt_base
+                if part > 0:
+                    held += part
+            cap = self.capacity.get(link, INF)
+            if held <= 0 or cap >= INF:
+                star.queue = (0.0, 0.0)
+            else:
+                queued = min(held, self.queue_s.get(link, 0.0) * cap)
+                star.queue = (queued / cap, queued / held)
+        return star.queue
+
+    def path_qdelay(self, path: tuple[Hashable, ...]) -> float:
+        total = 0.0
+        for link in path:
+            star = self.stars.get(link)
+            total += self._star_queue(link, star)[0] if star is not None and star.ca else self.qdelay.get(link, 0.0)
+        return total
+
+    def own_qdelay(self, fid: Hashable) -> float:
+        flow = self.flows.get(fid)
+        star = flow.star if flow is not None else None
+        if star is not None and fid in star.ca:
+            st = flow.tcp
+            part = st.conn.cwnd * st.seg_bits - star.level * st.rtt_base
+            if part <= 0:
+                return 0.0
+            link = star.link
+            return part * self._star_queue(link, star)[1] / self.capacity[link]
+        part = self.excess.get(fid)
+        if part is None:
+            return 0.0
+        star = self.stars.get(part[0])
+        if star is not None and star.ca:
+            return part[1] * self._star_queue(part[0], star)[1] / self.capacity[part[0]]
+        return super().own_qdelay(fid)

@@ -1,0 +1,122 @@
+"""The incremental flow model (emulator/levelflows.py, network.flow_solver: incremental) gives the
+from-scratch model's times, touching only the flows a change moves."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import read_csv, run_cli, write_scenario
+from emulator.levelflows import IncrementalFlowModel
+from emulator.links import FlowModel, simulate
+from flow_scenarios import workload
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "flow_reference.json").read_text())
+
+
+@pytest.mark.parametrize("key", sorted(k for k in REFERENCE if k.startswith("fluid")))
+def test_fluid_arrivals_are_the_from_scratch_models(key):
+    base, transfers = workload(int(key.split("-")[1]), False)
+    got = simulate(IncrementalFlowModel(base.capacity, None, base.queue_s), transfers)
+    for (start, arrival), (want_start, want_arrival) in zip(got, REFERENCE[key], strict=True):
+        for value, want in ((start, want_start), (arrival, want_arrival)):
+            assert math.isinf(value) == math.isinf(want)
+            if not math.isinf(want):
+                assert math.isclose(value, want, rel_tol=1e-12, abs_tol=1e-12), (key, value, want)
+
+
+def test_a_star_by_hand():
+    """Server link 20 bit/s; access links 10, 40, 40; 100, 100 and 300 bits from t = 0. All three are
+    held by the level (3 s = 20: 6.67 bit/s each, a's own 10 is above it): a and b finish at 15 s;
+    c then runs alone at min(40, 20) = 20 bit/s for its last 200 bits: 25 s."""
+    model = IncrementalFlowModel({"server": 20.0, "a": 10.0, "b": 40.0, "c": 40.0})
+    got = simulate(model, [{"start": 0.0, "bits": 100.0, "path": ("a", "server")},
+                           {"start": 0.0, "bits": 100.0, "path": ("b", "server")},
+                           {"start": 0.0, "bits": 300.0, "path": ("c", "server")}])
+    assert [round(a, 9) for _, a in got] == [15.0, 15.0, 25.0]
+
+
+def test_a_level_change_reschedules_one_flow_not_all():
+    caps = {"server": 1e9, **{f"a{i}": 100e6 for i in range(1000)}}
+    changed = {}
+    for cls in (FlowModel, IncrementalFlowModel):
+        model = cls(dict(caps))
+        for i in range(1000):
+            model.add(i, 8e6 + i, (f"a{i}", "server"), settle=False)
+        model.settle()
+        model.advance(1.0)
+        _, changed[cls] = model.remove(0)
+        assert math.isclose(model.flows[1].rate, 1e9 / 999)
+    assert len(changed[FlowModel]) == 999  # every flow's finish time moved
+    assert len(changed[IncrementalFlowModel]) == 1  # the first to finish, on the star's clock
+
+
+def test_flows_held_by_their_own_link_switch_when_the_level_passes_them():
+    model = IncrementalFlowModel({"server": 30.0, "a": 10.0, "b": 40.0, "c": 40.0})
+    model.add("a", 1e3, ("a", "server"))
+    model.add("b", 1e3, ("b", "server"))
+    assert model.flows["a"].rate == 10.0 and model.flows["b"].rate == 20.0  # a by its link, b by the level
+    model.add("c", 1e3, ("c", "server"))
+    assert model.flows["a"].rate == 10.0 and model.flows["b"].rate == 10.0
+    model.remove("a")
+    assert model.flows["b"].rate == 15.0 and model.flows["c"].rate == 15.0
+    model.advance(2.0)
+    model.sync(model.flows["b"])
+    assert math.isclose(model.flows["b"].remaining_bits, 1e3 - 30.0)
+
+
+SCENARIO = """
+name: solver
+seed: 3
+rounds: 3
+task: {{dataset: synthetic, model: mlp, synthetic: {{samples: 2000, test_samples: 50}}}}
+population:
+  clients: 40
+  devices: [{{ms_per_sample: 1}}]
+  links:
+    - {{share: 0.5, up_mbps: 20, down_mbps: 50, latency_ms: 10, loss: 0.001}}
+    - {{share: 0.5, up_mbps: 5, down_mbps: 20, latency_ms: 40}}
+  availability: {{kind: markov, mean_on_s: 30, mean_off_s: 10}}
+server: {{link: {{up_mbps: 60, down_mbps: 40, latency_ms: 1}}}}
+selection: {{clients_per_round: 20, checkin: true}}
+round: {{policy: first_k, timeout_s: 30}}
+algorithm: {{train: false, local_epochs: 1, batch_size: 50}}
+eval: {{every: 0}}
+network: {{transport: {transport}, flow_solver: {solver}}}
+"""
+
+
+def test_a_run_is_the_same_with_either_solver(tmp_path):
+    """Real processes: check-ins, Markov availability, first-k rounds, loss; every row and every
+    emulated time equal (the last digit may differ: sums are taken in another order)."""
+    outs = {}
+    for solver in ("scratch", "incremental"):
+        out = outs[solver] = tmp_path / solver
+        path = write_scenario(tmp_path / f"{solver}.yaml", SCENARIO.format(transport="fluid", solver=solver))
+        res = run_cli("run", str(path), "--out", str(out), timeout=180)
+        assert res.returncode == 0, res.stderr[-2000:]
+    for name, drop in (("rounds.csv", {"wall_s"}), ("clients.csv", set()), ("transfers.csv", set())):
+        rows = {s: [{k: v for k, v in r.items() if k not in drop} for r in read_csv(outs[s] / name)] for s in outs}
+        assert rows["scratch"], name
+        assert len(rows["incremental"]) == len(rows["scratch"]), name
+        for got, want in zip(rows["incremental"], rows["scratch"]):
+            assert got.keys() == want.keys()
+            for key in want:
+                assert same(got[key], want[key]), (name, key, got[key], want[key])
+
+
+def same(a: str, b: str) -> bool:
+    """Equal, or equal numbers to rounding (sums are taken in another order)."""
+    if a == b:
+        return True
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-12)
+    except ValueError:
+        return False
+
+
+def test_incremental_with_tcp_is_refused_with_the_key(tmp_path):
+    path = write_scenario(tmp_path / "bad.yaml", SCENARIO.format(transport="tcp", solver="incremental"))
+    res = run_cli("run", str(path), "--out", str(tmp_path / "out"), timeout=60)
+    assert res.returncode != 0
+    assert "network.flow_solver" in res.stderr + res.stdout and "Traceback" not in res.stderr
