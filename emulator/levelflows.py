@@ -334,17 +334,7 @@ class IncrementalFlowModel(FlowModel):
             self._queue_of(fid, flow)
         if rate == was and not was_level and flow.done_at < INF and not force:
             return
-        flow.version += 1
-        if flow.tcp:
-            flow.done_at = self.transport.next_event(flow, self.t)
-        elif flow.remaining_bits <= 0 or rate == INF:
-            flow.done_at = self.t
-        elif rate > 0:
-            flow.done_at = self.t + flow.remaining_bits / rate
-        else:
-            flow.done_at = INF
-        if flow.done_at < INF:
-            changed.append((fid, flow.done_at, flow.version))
+        self._schedule(fid, flow, changed)
 
     def _own_cap(self, fid: Hashable, flow: Flow, shared: Hashable) -> tuple[float, Hashable | None]:
         """The flow's narrowest link but `shared` (its window included), the first on its path on a tie."""

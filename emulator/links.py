@@ -342,17 +342,7 @@ class FlowModel:
             if rate == flow.rate and flow.done_at < INF and fid != force:
                 continue
             flow.rate = rate
-            flow.version += 1
-            if flow.tcp:
-                flow.done_at = self.transport.next_event(flow, self.t)
-            elif flow.remaining_bits <= 0 or rate == INF:
-                flow.done_at = self.t
-            elif rate > 0:
-                flow.done_at = self.t + flow.remaining_bits / rate
-            else:
-                flow.done_at = INF
-            if flow.done_at < INF:
-                changed.append((fid, flow.done_at, flow.version))
+            self._schedule(fid, flow, changed)
         if self.transport is not None:
             self.load, self.pinned = {}, set()
             for fid, rate, link in zip(ids, rates, bottlenecks):
@@ -363,6 +353,21 @@ class FlowModel:
                         self.load[on] = self.load.get(on, 0.0) + rate
             self._standing_queues(ids)
         return changed
+
+    def _schedule(self, fid: Hashable, flow: Flow, changed: list) -> None:
+        """The flow's next event at its current rate, appended to `changed` when there is one."""
+        flow.version += 1
+        rate = flow.rate
+        if flow.tcp:
+            flow.done_at = self.transport.next_event(flow, self.t)
+        elif flow.remaining_bits <= 0 or rate == INF:
+            flow.done_at = self.t
+        elif rate > 0:
+            flow.done_at = self.t + flow.remaining_bits / rate
+        else:
+            flow.done_at = INF
+        if flow.done_at < INF:
+            changed.append((fid, flow.done_at, flow.version))
 
     def _standing_queues(self, ids: list[Hashable]) -> None:
         """The window beyond a flow's share of the BDP waits in its bottleneck's buffer, and that
