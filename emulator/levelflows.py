@@ -36,7 +36,7 @@ from .transport import EPS_BITS
 class StarClock:
     """A star link's water level and the bits each of its level flows has sent since the clock began."""
 
-    __slots__ = ("link", "level", "v", "tv", "heap", "head", "ca", "queue")
+    __slots__ = ("link", "level", "v", "tv", "heap", "head", "ca", "queue", "parts", "before", "epoch")
 
     def __init__(self, link: Hashable, t: float) -> None:
         self.link = link
@@ -45,19 +45,23 @@ class StarClock:
         self.tv = t
         self.heap: list[tuple[float, int, Hashable, int]] = []  # (clock value due, seq, flow, key)
         self.head: Hashable | None = None  # the level flow whose clock event is scheduled
-        self.ca: set[Hashable] = set()  # level flows in congestion avoidance: their windows' excess queues here
-        self.queue: tuple[float, float] | None = None  # (qdelay, fill), cached until the level or members change
+        self.ca: dict[Hashable, Flow] = {}  # level flows in congestion avoidance: their windows' excess queues here
+        self.queue = (0.0, 0.0)  # (qdelay, fill) as of the end of the last rebalance that moved it
+        self.parts: dict[Hashable, float] = {}  # each member's part of the queue, as counted
+        self.before = INF  # the level before the rebalance `epoch` moved it
+        self.epoch = -1
 
     def at(self, t: float) -> float:
         if 0 < self.level < INF and t > self.tv:
             return self.v + self.level * (t - self.tv)
         return self.v
 
-    def set_level(self, t: float, level: float) -> None:
+    def set_level(self, t: float, level: float, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.before, self.epoch = self.level, epoch
         self.v = self.at(t)
         self.tv = t
         self.level = level
-        self.queue = None  # the model marks the link's queue as moved
 
     def due(self, v_due: float, t: float) -> float:
         if not 0 < self.level < INF:
@@ -107,6 +111,11 @@ class IncrementalFlowModel(FlowModel):
     # they are read again when it moves (as the from-scratch model reads every cap at every change)
     watchers: dict[Hashable, dict[Hashable, None]] = field(default_factory=dict)
     queue_moved: set = field(default_factory=set)
+    epoch: int = 0  # rebalances so far
+    # flows whose part of a standing queue is counted again at the end of the rebalance: until
+    # then every window reads the queues as the last rebalance left them, as in the scratch model
+    requeue: dict[Hashable, None] = field(default_factory=dict)
+    ca_of: dict[Hashable, StarClock] = field(default_factory=dict)  # level flow -> the star whose queue it is in
 
     def __post_init__(self) -> None:
         self.mm = IncrementalMaxMin(self.capacity)
@@ -185,7 +194,7 @@ class IncrementalFlowModel(FlowModel):
             self.mm.capacity.pop(_window(fid), None)
         self._leave_star(fid, flow)
         flow.mode = ""
-        self._drop_excess(fid)
+        self.requeue[fid] = None  # its queue goes at the end of the rebalance that follows
 
     def _leave_star(self, fid: Hashable, flow: Flow) -> None:
         star = flow.star
@@ -193,10 +202,9 @@ class IncrementalFlowModel(FlowModel):
             return
         self.sync(flow)
         flow.star = None
-        flow._rate = flow._share = star.level
-        if fid in star.ca:
-            star.ca.discard(fid)
-            star.queue = None
+        # its fair share stays what the level was when it last held the flow, before this
+        # rebalance moved it (as the from-scratch model keeps a flow's last link-held rate)
+        flow._rate = flow._share = star.before if star.epoch == self.epoch else star.level
         if star.head == fid:
             star.head = None
 
@@ -213,6 +221,7 @@ class IncrementalFlowModel(FlowModel):
     # ---- the rates after changes ----------------------------------------------------------------
     def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
         self.unsettled = False
+        self.epoch += 1
         mm, flows = self.mm, self.flows
         moved, self.queue_moved = self.queue_moved, set()
         for link in moved:
@@ -259,6 +268,7 @@ class IncrementalFlowModel(FlowModel):
             star = self.stars.get(link)
             if star is not None:
                 self._reschedule_head(star, changed)
+        self._requeue_all(stars_changed)
         return changed
 
     def _collect(self, stars_changed: set) -> set:
@@ -282,9 +292,7 @@ class IncrementalFlowModel(FlowModel):
             if new != old:
                 low, high = min(old, new), max(old, new)
                 touched.update(mm.by_seq[seq] for seq in mm.caps[link].between(low, high))
-                star.set_level(self.t, new)
-                if star.ca:
-                    self.queue_moved.add(link)
+                star.set_level(self.t, new, self.epoch)
             stars_changed.add(link)
         touched.update(mm.solve_dirty())
         mm.touched_links = set()
@@ -306,7 +314,7 @@ class IncrementalFlowModel(FlowModel):
             star = self.stars.get(star_link)
             if star is None:
                 star = self.stars[star_link] = StarClock(star_link, self.t)
-                star.set_level(self.t, mm.level(star_link))
+                star.set_level(self.t, mm.level(star_link), self.epoch)
             own, own_link = self._own_cap(fid, flow, star_link)
             flow.mode = "star"
             if own > star.level:
@@ -316,7 +324,7 @@ class IncrementalFlowModel(FlowModel):
                     flow.star = star
                     flow.v_synced = star.at(self.t)
                 self._after(fid, flow, link)
-                self._level_queue(fid, flow, star)
+                self.requeue[fid] = None
                 self._schedule_level(fid, flow, star, changed)
                 return
             rate, link = own, own_link
@@ -331,7 +339,7 @@ class IncrementalFlowModel(FlowModel):
             flow.share = rate
         self._after(fid, flow, link)
         if self.transport is not None:
-            self._queue_of(fid, flow)
+            self.requeue[fid] = None
         if rate == was and not was_level and flow.done_at < INF and not force:
             return
         self._schedule(fid, flow, changed)
@@ -347,7 +355,7 @@ class IncrementalFlowModel(FlowModel):
 
     def _after(self, fid: Hashable, flow: Flow, link: Hashable) -> None:
         limited = link == _window(fid)
-        self._watch(fid, flow, limited and flow.tcp is not None and flow.tcp.phase == "ca")
+        self._watch(fid, flow, flow.tcp is not None and flow.tcp.phase == "ca")
         flow.bottleneck = link
         if not limited:
             flow.link_bottleneck = link
@@ -396,62 +404,74 @@ class IncrementalFlowModel(FlowModel):
         if new is not None:
             self._schedule_own(new, flows[new], changed, star.due(heap[0][0], self.t))
 
-    # ---- standing queues: level flows' windows are counted at the level of the moment -----------
-    def _level_queue(self, fid: Hashable, flow: Flow, star: StarClock) -> None:
-        self._drop_excess(fid)
-        st = flow.tcp
-        member = st is not None and st.phase == "ca" and not st.limited
-        if member != (fid in star.ca):
-            (star.ca.add if member else star.ca.discard)(fid)
-        if member or fid in star.ca:
-            star.queue = None
-            self.queue_moved.add(star.link)
+    # ---- standing queues: a level flow's window is counted at its star's level ------------------
+    def _requeue_all(self, stars_changed: set) -> None:
+        """Each changed flow's part of the standing queues, then the queues of the stars whose
+        level, members or other flows' parts moved."""
+        flows, moved = self.flows, set()
+        for fid in self.requeue:
+            flow = flows.get(fid)
+            placed = flow is not None and fid in self.mm.paths
+            star = flow.star if placed else None
+            old = self.ca_of.get(fid)
+            member = star is not None and flow.tcp is not None and flow.tcp.phase == "ca" and not flow.tcp.limited
+            if old is not None and (not member or old is not star):
+                del old.ca[fid]
+                del self.ca_of[fid]
+                moved.add(old.link)
+            if member:
+                self._drop_excess(fid)
+                star.ca[fid] = flow
+                self.ca_of[fid] = star
+                moved.add(star.link)
+            elif placed and self.transport is not None:
+                self._queue_of(fid, flow)
+            else:
+                self._drop_excess(fid)
+        self.requeue.clear()
+        self.queue_moved |= moved  # a star's queue with one member fewer moved too
+        for link in stars_changed | self.queue_moved:
+            star = self.stars.get(link)
+            if star is not None and star.ca:
+                self._count_star_queue(star)
+                self.queue_moved.add(link)
+
+    def _count_star_queue(self, star: StarClock) -> None:
+        link, level = star.link, star.level
+        held = self.held.get(link, (0.0, 0))[0]
+        for flow in star.ca.values():
+            st = flow.tcp
+            part = st.conn.cwnd * st.seg_bits - level * st.rtt_base
+            if part > 0:
+                held += part
+        cap = self.capacity.get(link, INF)
+        if held <= 0 or cap >= INF:
+            star.queue = (0.0, 0.0)
+        else:
+            queued = min(held, self.queue_s.get(link, 0.0) * cap)
+            star.queue = (queued / cap, queued / held)
+        star.parts = {fid: f.tcp.conn.cwnd * f.tcp.seg_bits - level * f.tcp.rtt_base for fid, f in star.ca.items()}
 
     def _link_queue(self, link: Hashable) -> None:
         super()._link_queue(link)
         self.queue_moved.add(link)
-        star = self.stars.get(link)
-        if star is not None:
-            star.queue = None
-
-    def _star_queue(self, link: Hashable, star: StarClock) -> tuple[float, float]:
-        if star.queue is None:
-            level = star.level
-            held = self.held.get(link, (0.0, 0))[0]
-            for fid in star.ca:
-                st = self.flows[fid].tcp
-                part = st.conn.cwnd * st.seg_bits - level * st.rtt_base
-                if part > 0:
-                    held += part
-            cap = self.capacity.get(link, INF)
-            if held <= 0 or cap >= INF:
-                star.queue = (0.0, 0.0)
-            else:
-                queued = min(held, self.queue_s.get(link, 0.0) * cap)
-                star.queue = (queued / cap, queued / held)
-        return star.queue
 
     def path_qdelay(self, path: tuple[Hashable, ...]) -> float:
         total = 0.0
         for link in path:
             star = self.stars.get(link)
-            total += self._star_queue(link, star)[0] if star is not None and star.ca else self.qdelay.get(link, 0.0)
+            total += star.queue[0] if star is not None and star.ca else self.qdelay.get(link, 0.0)
         return total
 
     def own_qdelay(self, fid: Hashable) -> float:
-        flow = self.flows.get(fid)
-        star = flow.star if flow is not None else None
-        if star is not None and fid in star.ca:
-            st = flow.tcp
-            part = st.conn.cwnd * st.seg_bits - star.level * st.rtt_base
-            if part <= 0:
-                return 0.0
-            link = star.link
-            return part * self._star_queue(link, star)[1] / self.capacity[link]
+        star = self.ca_of.get(fid)
+        if star is not None:
+            part = star.parts.get(fid, 0.0)
+            return part * star.queue[1] / self.capacity[star.link] if part > 0 else 0.0
         part = self.excess.get(fid)
         if part is None:
             return 0.0
         star = self.stars.get(part[0])
         if star is not None and star.ca:
-            return part[1] * self._star_queue(part[0], star)[1] / self.capacity[part[0]]
+            return part[1] * star.queue[1] / self.capacity[part[0]]
         return super().own_qdelay(fid)
