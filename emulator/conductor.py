@@ -296,6 +296,7 @@ class Conductor:
 
     def _supervise(self, sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None]:
         last_rss = 0.0
+        rss_every = RSS_EVERY_S
         last_progress = time.monotonic()
         stall = self.sc.run.stall_timeout_s
         while True:
@@ -306,9 +307,11 @@ class Conductor:
                     if outcome is not None:
                         return outcome
             now = time.monotonic()
-            if now - last_rss >= RSS_EVERY_S:
+            if now - last_rss >= rss_every:
                 self._sample_memory()
-                last_rss = now
+                last_rss = time.monotonic()
+                # reading smaps costs time in the size of the processes: at most 2 % of a core
+                rss_every = max(RSS_EVERY_S, 50.0 * (last_rss - now))
             for child in self.children:
                 code = child.proc.exitcode
                 if code is None or child.lost:
@@ -468,6 +471,10 @@ class Conductor:
             writer.incident(f"refused a claim on actor names: {body.get('reason')}", peer=body.get("peer"),
                             emulated_time_s=body.get("t_net"))
             self.view.note(f"network refused a claim: {body.get('reason')}")
+        elif kind == "network_stats":
+            clock_s = body.get("clock_s") or 0.0
+            writer.summary["network"] = {"events": body.get("events"), "cpu_s": body.get("cpu_s"), "clock_s": clock_s,
+                                         "events_per_s": body["events"] / clock_s if clock_s > 0 else None}
         elif kind == "refused_messages":
             writer.summary["refused_messages"] = {k: body.get(k) for k in ("total", "by_peer", "banned")}
         elif kind == "finished":

@@ -4,7 +4,12 @@ Conservative discrete-event protocol (DESIGN.md 3): an event at time t is proces
 t is strictly below every actor's lower bound (an unanswered delivery, or a declared busy-until).
 Everything an actor can still send therefore arrives before any event it could precede, and
 ties are broken by a key made of (time, event class, actor name, per-actor counter), never by
-arrival order, so a run is a deterministic function of its scenario and seed."""
+arrival order, so a run is a deterministic function of its scenario and seed.
+
+One relaxation: a delivery at the bound itself may go out to an actor that holds nothing. What a
+held actor can still cause at that instant (transfer starts, timers, checkpoints) sorts after
+every delivery, so the deliveries of one instant (a population checking in at once, a round's
+broadcast arriving together) go out without waiting for each other's answers, in the same order."""
 from __future__ import annotations
 
 import heapq
@@ -26,6 +31,7 @@ from protocol import envelope
 from node.compute import LoadModel, cpu_load
 
 from .devices import DeviceSpec, stable_key
+from .holds import Holds
 from .levelflows import IncrementalFlowModel
 from .links import INF, FlowModel, Framing
 from .peers import PeerGuard
@@ -149,7 +155,10 @@ class Network:
         # and the queue does not fill with superseded ones.
         self.flow_heap: list[tuple] = []  # (done_at, src, tid, version, fid)
         self.flow_head: tuple | None = None  # the entry of flow_heap that stands in the queue
-        self.holds: dict[int, tuple[str, float]] = {}
+        self.holds = Holds()
+        self._outbox: list[bytes] = []
+        self._answer_records: list[tuple[int, bytes]] = []  # see _on_done
+        self.events = 0  # events processed: the network's work, for benchmarks
         self.hold_ids = itertools.count()
         self.transfer_ids = itertools.count()
         self.net_counter = itertools.count()
@@ -203,7 +212,16 @@ class Network:
 
     # ---- the lower bound ---------------------------------------------------------------------
     def lower_bound(self) -> float:
-        return min((t for _, t in self.holds.values()), default=INF)
+        return self.holds.earliest()
+
+    def may_run_head(self) -> bool:
+        """Whether the earliest queued event may run now: before the lower bound, or a delivery at
+        the bound to an actor holding nothing (the module's docstring says why that is safe)."""
+        t, cls, _, _, _, event = self.queue[0]
+        bound = self.holds.earliest()
+        if t < bound:
+            return True
+        return t == bound and cls == DELIVER and not self.holds.holding(event[1][0]["dst"])
 
     def push(self, t: float, cls: int, name: str, n: int, sub: int, event: tuple) -> None:
         heapq.heappush(self.queue, (t, cls, name, n, sub, event))
@@ -330,19 +348,37 @@ class Network:
             self.push(t, FLOW_START, src, env["n"], i, ("flow_start", tr))
 
     def _on_done(self, peer: str, env: dict[str, Any]) -> None:
-        hold = self.holds.get(env["hold"])
+        hid = env["hold"]
+        hold = self.holds.get(hid)
         if hold is None or self.actor_peer.get(hold[0]) != peer or hold[0] != env["actor"]:
-            self._refuse(peer, f"done for hold {env['hold']}, which is not {peer}'s")
+            self._refuse(peer, f"done for hold {hid}, which is not {peer}'s")
             return
+        # While deliveries of this instant are unanswered, answers come in whatever order the hosts
+        # send them; what they make the network record waits and goes out in delivery order, as
+        # if each delivery had been answered before the next went out.
+        pipelined = bool(self.holds.unanswered)
+        if pipelined:
+            mark = len(self._outbox)
+        self.holds.answer(hid)
         if env["busy_until"] is None:
-            del self.holds[env["hold"]]
+            del self.holds[hid]
         else:
             until = max(float(env["busy_until"]), hold[1])
-            self.holds[env["hold"]] = (hold[0], until)
+            self.holds[hid] = (hold[0], until)
             # training power for the full-speed seconds only: under background load the rest of the
             # stretched interval runs other apps, whose energy is not this task's
             busy = until - hold[1] if env["busy_s"] is None else min(float(env["busy_s"]), until - hold[1])
             self._drain_compute(hold[0], hold[1], until, busy)
+        if pipelined:
+            self._answer_records.extend((hid, header) for header in self._outbox[mark:])
+            del self._outbox[mark:]
+            self._release_answer_records()
+
+    def _release_answer_records(self) -> None:
+        if self._answer_records and not self.holds.unanswered:
+            self._answer_records.sort(key=lambda item: item[0])  # stable: one answer's records keep their order
+            self._outbox.extend(header for _, header in self._answer_records)
+            self._answer_records.clear()
 
     def _on_peer_lost(self, peer: str) -> None:
         if peer in self.snapshot_waiting:
@@ -354,6 +390,7 @@ class Network:
         self.dead.update(lost)
         for hid in [h for h, (actor, _) in self.holds.items() if actor in lost]:
             del self.holds[hid]
+        self._release_answer_records()
         self.flows.advance(self.now)
         for fid in [fid for fid in self.flows.flows if {self.transfers[fid].src, self.transfers[fid].dst} & set(lost)]:
             self._abort(fid, f"{'src' if self.transfers[fid].src in lost else 'dst'}_lost")
@@ -381,13 +418,13 @@ class Network:
             following = self.queue[0] if self.queue else None
             if following is None or following[0] > self.now or following[1] != FLOW_START:
                 self._reschedule(self.flows.settle())  # the last transfer of this instant has started
-        if (self.halted or self.snapshot_waiting or not self.queue or self.queue[0][0] >= self.lower_bound()
-                or self.due_in() > 0):
+        if self.halted or self.snapshot_waiting or not self.queue or not self.may_run_head() or self.due_in() > 0:
             return False
         if self.cfg.realtime_speedup:
             self.lag.add(-self.due_in())
         t, _, _, _, _, event = heapq.heappop(self.queue)
         self.now = max(self.now, t)
+        self.events += 1
         kind = event[0]
         if kind == "flow_start":
             self._start_flow(event[1])
@@ -592,7 +629,7 @@ class Network:
             return  # went off while the message was in flight (its transfer was already recorded)
         env["t"] = self.now
         hold = next(self.hold_ids)
-        self.holds[hold] = (dst, self.now)
+        self.holds.deliver(hold, dst, self.now)
         self.last_delivery[dst] = self.now
         header = envelope.pack("deliver", hold=hold, device=self.device_status(dst), **env)
         try:
@@ -728,7 +765,7 @@ class Network:
         try:
             while not self.stopping:
                 timeout = POLL_MS
-                if self.queue and self.queue[0][0] < self.lower_bound():
+                if self.queue and self.may_run_head():
                     timeout = min(POLL_MS, max(0, math.ceil(self.due_in() * 1000)))
                 if sock.poll(timeout):
                     while sock.poll(0):
@@ -747,6 +784,8 @@ class Network:
                     pass
             if self.guard.changed:
                 self.to_conductor("report", {"type": "refused_messages", **self.guard.counts(), "t_net": self.now})
+            self.to_conductor("report", {"type": "network_stats", "events": self.events, "t_net": self.now,
+                                         "cpu_s": time.process_time(), "clock_s": time.monotonic() - (self.wall_start or time.monotonic())})
             self._flush(sock)
             for peer in self.peer_actors:
                 if peer != CONDUCTOR:
