@@ -5,6 +5,7 @@ add noise to the weights, quantize, upload."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from dataclasses import dataclass, field
 
@@ -116,13 +117,32 @@ class ClientActor(Checkpointable):
         self.cfg = cfg
         self.rejected = 0
         self.generation = 0  # bumped when the device comes back online: work begun before is lost
-        self.data, self.indices = profile.training_data(trainer.task.train, cfg.seed)
-        self.labels = self.data.y.cpu().numpy()[self.indices]
-        self.fixed_order = np.random.default_rng([cfg.seed, profile.index]).permutation(self.indices)
         self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
         self.feedback = ErrorFeedback() if cfg.error_feedback else None
         self.up_stats = ChannelStats()
         self.rdp_spent: tuple[float, ...] | None = None  # the RDP curve of every release this client sent
+
+    # What training reads is made at the first task that needs it: an idle client of a large
+    # population is its profile and a few counters, not arrays of its own.
+    @functools.cached_property
+    def _local_data(self) -> tuple[Dataset, np.ndarray]:
+        return self.profile.training_data(self.trainer.task.train, self.cfg.seed)
+
+    @property
+    def data(self) -> Dataset:
+        return self._local_data[0]
+
+    @property
+    def indices(self) -> np.ndarray:
+        return self._local_data[1]
+
+    @functools.cached_property
+    def labels(self) -> np.ndarray:
+        return self.data.y.cpu().numpy()[self.indices]
+
+    @functools.cached_property
+    def fixed_order(self) -> np.ndarray:
+        return np.random.default_rng([self.cfg.seed, self.profile.index]).permutation(self.indices)
 
     def _reject(self, msg: Message, error: str) -> Reaction:
         self.rejected += 1
