@@ -40,13 +40,57 @@ class MarkovAvailability(Availability):
     def __init__(self, mean_on_s: float, mean_off_s: float, rng: np.random.Generator):
         self.mean_on, self.mean_off, self.rng = mean_on_s, mean_off_s, rng
         self.initially_on = bool(rng.random() < mean_on_s / (mean_on_s + mean_off_s))
+        self.parked: tuple | None = None
+
+    # A population's devices travel to the network process and wait there for their rare
+    # transitions: as the generator's state (two integers) rather than a Generator (about 1 KB and
+    # 60 us to unpickle each), made again for each draw. The draws are the same.
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        rng = state.pop("rng")
+        if rng is not None:
+            state["parked"] = _park(rng)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.rng = None
+
+    def _exponential(self, scale: float) -> float:
+        if self.rng is not None:
+            return float(self.rng.exponential(scale))
+        rng = _unpark(self.parked)
+        value = float(rng.exponential(scale))
+        self.parked = _park(rng)
+        return value
 
     def transitions(self) -> Iterator[float]:
         t, on = 0.0, self.initially_on
         while True:
-            t += float(self.rng.exponential(self.mean_on if on else self.mean_off))
+            t += self._exponential(self.mean_on if on else self.mean_off)
             on = not on
             yield t
+
+
+_scratch: np.random.Generator | None = None  # one generator lent to every parked state in turn
+
+
+def _park(rng: np.random.Generator) -> tuple:
+    s = rng.bit_generator.state
+    if s["bit_generator"] != "PCG64":
+        raise TypeError(f"cannot park a {s['bit_generator']} generator")
+    return s["state"]["state"], s["state"]["inc"], s["has_uint32"], s["uinteger"]
+
+
+def _unpark(parked: tuple) -> np.random.Generator:
+    """A generator in the parked state: the one scratch generator, valid until the next call."""
+    global _scratch
+    if _scratch is None:
+        _scratch = np.random.Generator(np.random.PCG64(0))
+    state, inc, has_uint32, uinteger = parked
+    _scratch.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
+                                    "has_uint32": has_uint32, "uinteger": uinteger}
+    return _scratch
 
 
 class TraceAvailability(Availability):

@@ -3,6 +3,7 @@
 long work takes while that load takes its share of the device."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -18,7 +19,13 @@ def cpu_load(seed: int, device: int, t: float, period_s: float, mean: float, con
     process computes the same value."""
     if mean <= 0:
         return 0.0
-    k = int(t // period_s) if period_s > 0 else 0
+    return _period_load(seed, device, int(t // period_s) if period_s > 0 else 0, mean, concentration)
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _period_load(seed: int, device: int, k: int, mean: float, concentration: float) -> float:
+    """Remembered: the network asks for a device's load at every delivery to it, and a seeded
+    generator costs tens of microseconds to make."""
     rng = np.random.default_rng([seed, device, k, 0xC0])
     a, b = mean * concentration, (1 - mean) * concentration
     return float(min(rng.beta(a, b), 1.0 - MIN_SHARE))

@@ -143,3 +143,13 @@ population:
         world = build_world(sc)
         # phone_high: 35 GFLOP/s from the profile; the rpi4 entry's own ms_per_sample replaces its gflops
         assert device_ms_per_sample(sc, world.task) == pytest.approx([flops / 35e9 * 1000, 5.0])
+
+
+def test_markov_availability_draws_the_same_after_travelling_to_another_process():
+    rng = np.random.default_rng([3, 17, 0xD1])
+    m = MarkovAvailability(1800.0, 600.0, rng)
+    rng.uniform(0.2, 1.0)  # the world draws the battery from the same generator afterwards
+    travelled = pickle.loads(pickle.dumps(m))
+    assert travelled.rng is None and len(pickle.dumps(m)) < 300
+    here, there = m.transitions(), travelled.transitions()
+    assert [next(here) for _ in range(50)] == [next(there) for _ in range(50)]
