@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 GIB = 2**30
+GANTT_MOST = 80  # clients in one round's timeline
 PHASES = (("download", "download_start", "download_end", "#4c72b0"), ("compute", "compute_start", "compute_end", "#55a868"),
           ("upload", "upload_start", "upload_end", "#c44e52"), ("gossip", "gossip_start", "gossip_end", "#8172b2"))
 
@@ -89,6 +90,16 @@ def choose_round(rounds: list[dict], clients: list[dict]) -> int | None:
     return worst if bad[worst] else int(rounds[-1]["round"])
 
 
+def gantt_rows(rows: list[dict], most: int = GANTT_MOST) -> list[dict]:
+    """The clients a round's timeline shows: all of them, or at most `most` (a bar each stays
+    readable), the ones that did not count first, then the first by name; in name order."""
+    if len(rows) <= most:
+        return rows
+    by_name = sorted(rows, key=lambda c: c["client"])
+    picked = ([c for c in by_name if c["outcome"] != "ok"] + [c for c in by_name if c["outcome"] == "ok"])[:most]
+    return sorted(picked, key=lambda c: c["client"])
+
+
 def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
     import matplotlib
 
@@ -137,7 +148,8 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
     written.append(_save(fig, out_dir / "round_time.png", plt))
 
     chosen = gantt_round if gantt_round is not None else choose_round(rounds, clients)
-    rows = [c for c in clients if c["round"] == str(chosen)]
+    everyone = [c for c in clients if c["round"] == str(chosen)]
+    rows = gantt_rows(everyone)
     if rows:
         rnd = next(r for r in rounds if r["round"] == str(chosen))
         t0 = float(rnd["t_start"])
@@ -157,7 +169,9 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
                 ax.text(last - t0, y, f"  {c['outcome']}", va="center", fontsize=7)
         ax.axvline(float(rnd["duration_s"]), color="black", linestyle="--", linewidth=1, label="round end")
         ax.set_yticks(range(len(rows)), sorted(c["client"] for c in rows), fontsize=7)
-        ax.set(xlabel="emulated seconds since round start", title=f"round {chosen}: one bar per selected client")
+        shown = "one bar per selected client" if len(rows) == len(everyone) else \
+            f"{len(rows)} of its {len(everyone)} selected clients (those that did not count first)"
+        ax.set(xlabel="emulated seconds since round start", title=f"round {chosen}: {shown}")
         ax.legend(loc="lower right", fontsize=8)
         fig.tight_layout()
         written.append(_save(fig, out_dir / f"gantt_round_{chosen}.png", plt))
