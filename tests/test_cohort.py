@@ -24,6 +24,9 @@ from protocol.codecs import decode_state, encode_state, make_codec
 # rounding only; convolutions under vmap run as one grouped convolution whose sums go in another order.
 WEIGHT_TOL = {"mlp": 1e-5, "mnist_cnn": 2e-3}
 LOSS_RTOL = 1e-4
+# Eq. 1.9's estimate divides a difference of gradients by a difference of weights, both small, so
+# the summation order's rounding is amplified: on an AMD EPYC host the CNN's differed by 1.3e-3.
+LIPSCHITZ_RTOL = {"mlp": 1e-3, "mnist_cnn": 5e-3}
 
 DATA = synthetic(480, 10, (1, 28, 28), 10, seed=0)
 SHARDS = [np.arange(0, 47), np.arange(60, 107), np.arange(120, 168), np.arange(200, 246)]  # 3 steps of 16, ragged last batch
@@ -58,7 +61,7 @@ def test_cohort_equals_one_by_one_with_clipping_lipschitz_and_prox(name, clip_no
             assert np.abs(w_c[k] - w_1[k]).max() <= WEIGHT_TOL[name], k
         assert r_c.loss == pytest.approx(r_1.loss, rel=LOSS_RTOL)
         assert r_c.loss_rms == pytest.approx(r_1.loss_rms, rel=LOSS_RTOL)
-        assert r_c.lipschitz == pytest.approx(r_1.lipschitz, rel=1e-3) and r_1.lipschitz > 0
+        assert r_c.lipschitz == pytest.approx(r_1.lipschitz, rel=LIPSCHITZ_RTOL[name]) and r_1.lipschitz > 0
         assert r_c.samples_seen == r_1.samples_seen
         clipped_somewhere |= r_1.lipschitz > 0
     assert clipped_somewhere
