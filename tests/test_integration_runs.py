@@ -198,3 +198,31 @@ def test_edge_1000_shortened(tmp_path):
     assert all(c["battery"] == "" or c["charging"] == "True" or float(c["battery"]) >= 0.2 for c in clients)
     assert {c["outcome"] for c in clients} >= {"ok", "late"}
     assert summary["privacy"]["mechanism"] == "laplace" and summary["mean_noise_scale"] > 0
+
+
+def test_population_scenario_shortened(tmp_path):
+    """scenarios/population_100k.yaml at 2,000 clients: every device that is on at t = 0 checks in,
+    P of the 1.3 P asked count, and the network reports the events it handled."""
+    out = tmp_path / "pop"
+    res = run_cli("run", str(REPO / "scenarios" / "population_100k.yaml"), "--set", "population.clients=2000",
+                  "--set", "selection.clients_per_round=50", "--set", "task.synthetic.samples=4000", "--set", "rounds=3",
+                  "--out", str(out), timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+    with open(out / "rounds.csv") as f:
+        rounds = list(csv.DictReader(f))
+    assert [(int(r["selected"]), int(r["completed"])) for r in rounds] == [(65, 50)] * 3
+    settled = summary["emulated_time_s"] - 2.0  # a check-in begun later may end after the run stopped
+    with open(out / "devices.csv") as f:
+        came_back = sum(1 for d in csv.DictReader(f) if d["event"] == "online" and float(d["t"]) <= settled)
+    with open(out / "transfers.csv") as f:
+        checkins = [t for t in csv.DictReader(f) if t["kind"] == "checkin" and float(t["t_start"]) <= settled]
+    with open(out / "population.csv") as f:
+        population = len(list(csv.DictReader(f)))
+    # Markov availability starts a device on with probability 1800 / 2400: about 1,500 of 2,000 at t = 0
+    at_start = sum(1 for t in checkins if float(t["t_start"]) == 0.0)
+    assert population == 2000 and 1400 < at_start < 1600
+    assert len(checkins) == at_start + came_back  # and every device that came back checked in again
+    network = summary["network"]
+    assert network["events"] > 4 * at_start and network["events_per_s"] > 0
