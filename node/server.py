@@ -13,6 +13,7 @@ from .client import TaskSpec
 from .models import load_numpy_state, state_spec, state_to_numpy
 from .schedule import BitSchedule
 from .strategies import ClientUpdate, RoundControl, Strategy
+from .strategies.base import Difference
 from .strategies.fedavg import FedAvg
 from .channel import Channel
 from .oort import OortParams, OortSelector
@@ -211,7 +212,7 @@ class ServerActor(Checkpointable):
             if basis == "delta":
                 delta, state = state, {k: self.global_state[k] + state[k] for k in state}
             else:
-                delta = {k: state[k] - self.global_state[k] for k in state}
+                delta = Difference(state, self.global_state)
             self.strategy.on_update(ClientUpdate(msg.src, state, delta, float(msg.body.get("samples", 1)), record))
             rnd.completed.append(msg.src)
             rnd.clients[msg.src] = {**record, "t_update": msg.t, "outcome": "ok"}

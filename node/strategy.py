@@ -20,14 +20,18 @@ class WeightedAverage:
     def __init__(self) -> None:
         self.sums: dict[str, np.ndarray] = {}
         self.total = 0.0
+        self._scratch: dict[str, np.ndarray] = {}  # weight * value, in float64, without a new array per update
 
     def add(self, state: Mapping[str, np.ndarray], weight: float) -> None:
         for name, value in state.items():
-            contribution = np.asarray(value, dtype=np.float64) * weight
-            if name in self.sums:
-                self.sums[name] += contribution
-            else:
-                self.sums[name] = contribution
+            if name not in self.sums:
+                self.sums[name] = np.multiply(value, weight, dtype=np.float64)
+                continue
+            buffer = self._scratch.get(name)
+            if buffer is None or buffer.shape != self.sums[name].shape:
+                buffer = self._scratch[name] = np.empty_like(self.sums[name])
+            np.multiply(value, weight, out=buffer, dtype=np.float64)
+            self.sums[name] += buffer
         self.total += weight
 
     def result(self, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -138,3 +138,29 @@ def test_a_strategy_that_raises_fails_the_run_at_once_with_the_error(tmp_path):
     assert "server actor raised an exception: RuntimeError: boom in aggregate" in summary["reason"]
     assert time.monotonic() - t0 < 60  # the stall timeout is 600 s
     assert any("boom" in str(i.get("error")) for i in summary["incidents"])
+
+
+def test_weighted_average_is_the_float64_weighted_mean_to_the_last_bit():
+    from node.strategy import WeightedAverage
+    rng = np.random.default_rng(3)
+    states = [{"w": rng.standard_normal((7, 5)).astype(np.float32), "b": rng.integers(0, 9, 4)} for _ in range(4)]
+    weights = [12.0, 30.0, 7.0, 1.5]
+    avg = WeightedAverage()
+    for state, weight in zip(states, weights):
+        avg.add(state, weight)
+    for name in ("w", "b"):
+        expected = sum(np.asarray(s[name], dtype=np.float64) * w for s, w in zip(states, weights))
+        assert np.array_equal(avg.sums[name], expected)
+    result = avg.result(states[0])
+    assert result["w"].dtype == np.float32 and np.array_equal(result["w"], (avg.sums["w"] / sum(weights)).astype(np.float32))
+
+
+def test_a_clients_delta_is_computed_when_read_and_equals_the_difference():
+    from node.strategies.base import Difference
+    new = {"w": np.array([3.0, 5.0], dtype=np.float32), "b": np.array([1.0], dtype=np.float32)}
+    old = {"w": np.array([1.0, 1.5], dtype=np.float32), "b": np.array([4.0], dtype=np.float32)}
+    delta = Difference(new, old)
+    assert not delta._done and len(delta) == 2 and set(delta) == {"w", "b"}
+    assert np.array_equal(delta["w"], [2.0, 3.5]) and list(delta._done) == ["w"]
+    assert {k: v.tolist() for k, v in delta.items()} == {"w": [2.0, 3.5], "b": [-3.0]}
+    assert delta["w"] is delta["w"]  # computed once

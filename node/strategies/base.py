@@ -6,6 +6,7 @@ It never sees a socket or a clock: the server actor (node/server.py) and the cli
 (node/client.py) drive it, and own selection, timing, codecs and bookkeeping."""
 from __future__ import annotations
 
+import collections.abc
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
@@ -13,6 +14,27 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 State = dict[str, np.ndarray]
+
+
+class Difference(collections.abc.Mapping):
+    """new - old, tensor by tensor, each computed when first read: FedAvg never reads a client's
+    delta, and for a 1.66M-parameter model making it cost 2 ms per update. Both states are the
+    server's own dicts, replaced (never changed in place) when the global model moves."""
+
+    def __init__(self, new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]):
+        self._new, self._old, self._done = new, old, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        value = self._done.get(name)
+        if value is None:
+            value = self._done[name] = self._new[name] - self._old[name]
+        return value
+
+    def __iter__(self):
+        return iter(self._new)
+
+    def __len__(self) -> int:
+        return len(self._new)
 
 
 class Options(BaseModel):
