@@ -170,6 +170,7 @@ class Network:
         self.reported_silent: set[str] = set()
         self.dead: set[str] = set()
         self.transfers: dict[int, Transfer] = {}
+        self.flows_of: dict[str, set[int]] = {}  # actor -> its transfers in flight (a device's toggle aborts them)
         model = IncrementalFlowModel if cfg.flow_solver == "incremental" else FlowModel
         self.flows = model(self._capacities(), TcpTransport(cfg.tcp) if cfg.tcp else None, self._queues())
         self.started = False
@@ -581,6 +582,8 @@ class Network:
                 return
         self._impairments(tr)
         self.transfers[tr.tid] = tr
+        for actor in (tr.src, tr.dst):
+            self.flows_of.setdefault(actor, set()).add(tr.tid)
         self.flows.advance(self.now)
         tcp = {}
         if self.cfg.tcp is not None:
@@ -604,7 +607,7 @@ class Network:
             return  # a window event: the flow goes on at its new rate
         _, changed = self.flows.remove(fid)
         self._reschedule(changed)
-        tr = self.transfers.pop(fid)
+        tr = self._pop_transfer(fid)
         tr.link_bytes += int(round(flow.resent_bits / 8))
         self._drain_transfer(tr, tr.link_bytes)
         arrival = max(self.now, flow.floor) + self._one_way(tr) + tr.extra_delay
@@ -612,10 +615,20 @@ class Network:
         tr.deliver_env["t"] = arrival
         self.push(arrival, DELIVER, tr.src, tr.tid, 1, ("deliver", (tr.deliver_env, tr.frames)))
 
+    def _pop_transfer(self, fid: int) -> Transfer:
+        tr = self.transfers.pop(fid)
+        for actor in (tr.src, tr.dst):
+            mine = self.flows_of.get(actor)
+            if mine is not None:
+                mine.discard(fid)
+                if not mine:
+                    del self.flows_of[actor]
+        return tr
+
     def _abort(self, fid: int, outcome: str) -> None:
         flow, changed = self.flows.remove(fid)
         self._reschedule(changed)
-        tr = self.transfers.pop(fid)
+        tr = self._pop_transfer(fid)
         sent_bits = tr.link_bytes * 8.0 + (flow.resent_bits - flow.remaining_bits if flow else 0.0)
         self.to_conductor("record", {"transfers": [tr.record(self.now, outcome, int(sent_bits // 8))]})
         self._drain_transfer(tr, int(sent_bits // 8))
@@ -709,7 +722,9 @@ class Network:
 
     def _abort_flows_of(self, actor: str, outcome: str) -> None:
         self.flows.advance(self.now)
-        for fid in [f for f in self.flows.flows if actor in (self.transfers[f].src, self.transfers[f].dst)]:
+        # in the order the flows started (fids are numbered so), without a pass over every flow:
+        # an idle device of a large population goes off while thousands of others transfer
+        for fid in sorted(self.flows_of.get(actor, ())):
             self._abort(fid, outcome)
 
     def _why_unreachable(self, actor: str) -> str:

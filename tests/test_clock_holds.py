@@ -24,8 +24,9 @@ class Wire:
         self.sent.append((frames[0].decode(), msgpack.unpackb(frames[1])))
 
 
-def network(devices=None) -> Network:
-    cfg = NetworkConfig("inproc://unused", PEERS, {a: Link() for a in ("server", "c0", "c1", "c2")}, devices=devices or {})
+def network(devices=None, link: Link | None = None) -> Network:
+    links = {a: link or Link() for a in ("server", "c0", "c1", "c2")}
+    cfg = NetworkConfig("inproc://unused", PEERS, links, devices=devices or {})
     net = Network(cfg)
     net.guard.log = io.StringIO()
     for peer, actors in PEERS.items():
