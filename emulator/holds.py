@@ -25,17 +25,21 @@ class Holds:
     def __setitem__(self, hid: int, value: tuple[str, float]) -> None:
         old = self._by_id.get(hid)
         if old is not None:
-            self._per_actor[old[0]] -= 1
+            self._release(old[0])
         self._by_id[hid] = value
         self._per_actor[value[0]] += 1
         heapq.heappush(self._heap, (value[1], hid))
 
     def __delitem__(self, hid: int) -> None:
         actor, _ = self._by_id.pop(hid)
+        self._release(actor)
+        self.unanswered.discard(hid)
+
+    def _release(self, actor: str) -> None:
+        """One hold fewer for the actor; none left means it holds nothing (see `holding`)."""
         self._per_actor[actor] -= 1
         if not self._per_actor[actor]:
             del self._per_actor[actor]
-        self.unanswered.discard(hid)
 
     def __getitem__(self, hid: int) -> tuple[str, float]:
         return self._by_id[hid]

@@ -393,7 +393,7 @@ class Network:
             del self.holds[hid]
         self._release_answer_records()
         self.flows.advance(self.now)
-        for fid in [fid for fid in self.flows.flows if {self.transfers[fid].src, self.transfers[fid].dst} & set(lost)]:
+        for fid in self._transfers_of(lost):
             self._abort(fid, f"{'src' if self.transfers[fid].src in lost else 'dst'}_lost")
         if not lost:
             return
@@ -720,11 +720,15 @@ class Network:
         if down:
             self._abort_flows_of(actor, "link_down")
 
+    def _transfers_of(self, actors) -> list[int]:
+        """The transfers in flight to or from any of these actors, in the order they started (fids
+        are numbered so), without a pass over every flow: an idle device of a large population
+        goes off while thousands of others transfer."""
+        return sorted(set().union(*(self.flows_of.get(a, ()) for a in actors)))
+
     def _abort_flows_of(self, actor: str, outcome: str) -> None:
         self.flows.advance(self.now)
-        # in the order the flows started (fids are numbered so), without a pass over every flow:
-        # an idle device of a large population goes off while thousands of others transfer
-        for fid in sorted(self.flows_of.get(actor, ())):
+        for fid in self._transfers_of([actor]):
             self._abort(fid, outcome)
 
     def _why_unreachable(self, actor: str) -> str:

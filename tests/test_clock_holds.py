@@ -64,6 +64,9 @@ def test_holds_answer_the_lower_bound_and_who_is_held():
     assert holds.earliest() == 7.0 and not holds.holding("b") and len(holds) == 1
     holds[1] = ("a", 3.0)
     assert holds.earliest() == 3.0  # a hold moved earlier is seen (its old entry is stale)
+    holds[1] = ("b", 3.0)
+    assert holds.holding("b") and not holds.holding("a")  # a hold that changes hands leaves the old actor free
+    holds[1] = ("a", 3.0)
     del holds[1]
     assert holds.earliest() == INF and not holds.holding("a") and not holds
 
@@ -74,7 +77,7 @@ def test_deliveries_of_one_instant_go_out_before_any_answer():
     deliver_at(net, 1.0, "c2", 1)
     deliver_at(net, 2.0, "c1", 2)
     run(net, wire)
-    assert [dst for _, m in wire.sent for dst in [m["dst"]]] == ["c0", "c2"]  # not c1: 2.0 is past the bound
+    assert [m["dst"] for _, m in wire.sent] == ["c0", "c2"]  # not c1: 2.0 is past the bound
     assert net.holds.unanswered == {0, 1}
     done(net, "host1", "c2", 1)
     run(net, wire)
