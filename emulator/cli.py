@@ -57,22 +57,56 @@ def _stopped_early(exc: KeyboardInterrupt) -> None:
     sys.exit(128 + signum)
 
 
+def _hosts_option(value: str | None) -> int | None:
+    """--hosts remote:N -> N."""
+    if value is None:
+        return None
+    kind, _, count = value.partition(":")
+    if kind != "remote" or not count.isdigit() or int(count) < 1:
+        raise click.BadParameter(f"{value!r}: expected remote:N with N >= 1 (local hosts: population.hosts)",
+                                 param_hint="--hosts")
+    return int(count)
+
+
 @main.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a scenario key (dotted path).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Run directory (default: output.dir/NAME-TIME).")
+@click.option("--hosts", "remote_hosts", metavar="remote:N", help="Wait for N client hosts that join over TCP "
+              "(python -m emulator host --connect ...) instead of forking them here. Needs --listen.")
+@click.option("--listen", metavar="tcp://ADDR:PORT", help="Where remote hosts join (the lobby); the network listens on "
+              "PORT+1 (PORT 0: any free ports). CURVE-encrypted, only the run's host keys are admitted.")
+@click.option("--keys", "keys", type=click.Path(dir_okay=False, path_type=Path), metavar="CONDUCTOR_KEY",
+              help="A conductor.key from `python -m emulator keys` (default: keys made for the run in RUN_DIR/keys).")
+@click.option("--launcher", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="ray: start the hosts as Ray tasks (pip install -e '.[ray]'; RAY_ADDRESS or --ray-address "
+              "picks the cluster, else a local Ray); their number is --hosts remote:N or population.hosts.")
+@click.option("--ray-address", help="The Ray cluster to use (default: $RAY_ADDRESS, else a local one).")
+@click.option("--ray-cpus-per-host", type=float, default=1.0, show_default=True, help="Ray resources of one host.")
+@click.option("--ray-gpus-per-host", type=float, default=0.0, show_default=True,
+              help="Ray GPU share of one host (0.25: four hosts per GPU).")
 @_progress_options
-def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: bool, json_progress: bool, plain: bool) -> None:
+def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, remote_hosts: str | None, listen: str | None,
+        keys: Path | None, launcher: str, ray_address: str | None, ray_cpus_per_host: float, ray_gpus_per_host: float,
+        quiet: bool, json_progress: bool, plain: bool) -> None:
     """Run SCENARIO and write its run directory. On a terminal a live panel shows the round in
     progress; elsewhere (logs, CI) one line per round."""
     from .conductor import run_scenario  # heavy imports only when running
+    from .placement import Placement, PlacementError
     from .progress import make_view
 
     _stop_on_signals()
+    count = _hosts_option(remote_hosts)
+    placement = Placement("ray" if launcher == "ray" else "remote" if count is not None else "local", count, listen, keys,
+                          ray_address, ray_cpus_per_host, ray_gpus_per_host)
     try:
         sc, resolved = load_scenario(scenario, list(overrides))
+        placement.check(sc.run.checkpoint_every)
         view = make_view(_view_mode(quiet, json_progress, plain), sc.rounds, _peer_traffic(sc), sc.clock.mode == "realtime")
-        summary = run_scenario(sc, resolved, out, view)
+        summary = run_scenario(sc, resolved, out, view, placement)
+    except PlacementError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     except ScenarioError as exc:
         _fail(scenario, exc)
     except KeyboardInterrupt as exc:  # before the run directory existed
@@ -210,3 +244,35 @@ def report(run_dir: Path, gantt_round: int | None) -> None:
     except ReportError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+
+
+@main.command()
+@click.option("--connect", required=True, metavar="tcp://ADDR:PORT", help="The run's lobby (its run --listen address).")
+@click.option("--key", "key", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="This host's key file (host-K.key from `python -m emulator keys`, or RUN_DIR/keys/host-1.key).")
+@click.option("--data-root", help="This machine's data folder (default: $EMULATOR_DATA, else the scenario's task.data_root).")
+@click.option("--threads", type=int, help="Torch threads for training (default: this machine's usable cores).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the run to answer (a host may start before the run does).")
+@click.option("--slot", default="", help="Ask for this host slot (host0, host1, ...); default: any free one.")
+def host(connect: str, key: Path, data_root: str | None, threads: int | None, timeout_s: float, slot: str) -> None:
+    """Join a run as one of its client hosts, from this machine (by hand, or from a Slurm,
+    Kubernetes or Ray job). Exits 0 when the run ends, 2 when the run refuses this host."""
+    from .host import run_host
+
+    if threads is not None and threads < 1:
+        raise click.BadParameter(f"{threads}: at least 1", param_hint="--threads")
+    sys.exit(run_host(connect, key, data_root, threads, timeout_s, slot))
+
+
+@main.command()
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--hosts", "count", type=click.IntRange(min=1), default=1, show_default=True, help="Host key files to make.")
+def keys(folder: Path, count: int) -> None:
+    """Make CURVE keys for runs with remote hosts: FOLDER/conductor.key (run --keys) and
+    FOLDER/host-K.key (host --key), readable by their owner only."""
+    from protocol.curve import make_keys
+
+    _, paths = make_keys(folder, count)
+    click.echo(f"written: {folder / 'conductor.key'} (for run --keys) and {len(paths)} host key(s): "
+               + " ".join(str(p) for p in paths))

@@ -23,12 +23,15 @@ import zmq
 from node.device import EXIT_DEVICE
 from node.processes import host_main, server_main
 from protocol import envelope
+from protocol.curve import read_host_key
 from .network import CONDUCTOR, SERVER, NetworkConfig, network_main
+from .placement import (DEFAULT_SILENCE_S, Lobby, Placement, PlacementError, RemoteHost, network_listen, ray_hosts,
+                        ray_node_address, world_fingerprint)
 from .topology import TOPOLOGIES, topology_of
 from .progress import View
 from .results import RingRounds, RunWriter
 from .scenario import Scenario
-from .world import World, build_world
+from .world import World, build_world, usable_cores
 
 POLL_MS = 100
 RSS_EVERY_S = 0.5
@@ -95,7 +98,7 @@ def exit_code(summary: dict) -> int:
 class Child:
     name: str
     role: str  # network | server | host
-    proc: mp.Process | FreshProcess
+    proc: mp.Process | FreshProcess | RemoteHost
     lost: bool = False
 
 
@@ -126,8 +129,12 @@ def new_run_dir(base: Path, name: str) -> Path:
 
 
 class Conductor:
-    def __init__(self, sc: Scenario, resolved: dict, run_dir: Path, view: View | None = None):
+    def __init__(self, sc: Scenario, resolved: dict, run_dir: Path, view: View | None = None,
+                 placement: Placement | None = None):
         self.sc = sc
+        self.placement = placement or Placement()
+        self.lobby: Lobby | None = None
+        self.ray_started = False  # the ray launcher started Ray (and shuts it down at the end)
         self.resolved = resolved
         self.run_dir = run_dir
         self.view = view or View(sc.rounds, TOPOLOGIES[sc.topology].peer_traffic)
@@ -141,7 +148,8 @@ class Conductor:
         self.last_shortfall: dict[str, Any] | None = None
 
     # ---- processes -----------------------------------------------------------------------------
-    def _spawn(self, world: World, endpoint: str, restore: Path | None = None) -> None:
+    def _spawn(self, world: World, endpoint: str, restore: Path | None = None, listen: str | None = None,
+               run_keys=None) -> None:
         ctx = mp.get_context("fork")  # node processes inherit the imported modules and the loaded data
         # Keep the inherited objects out of the children's garbage collections: a collection touches
         # every tracked object and so copies the page it sits on into each child (copy-on-write).
@@ -161,7 +169,8 @@ class Conductor:
                                 starters=topo.starters(), watchers=topo.watchers(),
                                 peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world),
                                 checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,
-                                restore=str(restore / "network.pkl") if restore else None)
+                                restore=str(restore / "network.pkl") if restore else None,
+                                listen=network_listen(listen) if listen else None, run_keys=run_keys)
         holders = json.loads((restore / "meta.json").read_text())["actors"] if restore else {}
 
         def saved(actors: list[str]) -> list[str] | None:
@@ -178,6 +187,8 @@ class Conductor:
         for h, name in enumerate(hosts):
             profiles = [c.profile for c in world.clients if c.host == h]
             self.host_clients[name] = [p.name for p in profiles]
+            if self.placement.remote:  # they join over TCP (see run)
+                continue
             specs.append((name, "host", host_main,
                           (name, endpoint, profiles, world.task, client_cfg, world.threads_per_host, me,
                            saved([p.name for p in profiles]), h)))
@@ -205,7 +216,7 @@ class Conductor:
 
     def _sample_memory(self) -> None:
         rss = pss = 0
-        for pid in [os.getpid()] + [c.proc.pid for c in self.children if c.proc.is_alive()]:
+        for pid in [os.getpid()] + [c.proc.pid for c in self.children if c.proc.pid is not None and c.proc.is_alive()]:
             try:
                 info = psutil.Process(pid).memory_full_info()
                 rss += info.rss
@@ -247,14 +258,23 @@ class Conductor:
         interrupted = False
         ctx = sock = None
         try:
-            self._spawn(world, endpoint, resume)
+            listen = run_keys = host_key_file = None
+            if self.placement.remote:
+                run_keys, host_key_file = self.placement.run_keys(self.run_dir)
+                listen = self.placement.listen or f"tcp://{ray_node_address()}:0"
+            self._spawn(world, endpoint, resume, listen, run_keys)
             ctx = zmq.Context()
+            if self.placement.remote:
+                self._open_lobby(ctx, world, listen, run_keys, host_key_file, writer)
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, CONDUCTOR.encode())
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(endpoint)
             sock.send(envelope.pack("hello", peer=CONDUCTOR, actors=[]))
             status, reason = self._supervise(sock, writer)
+        except PlacementError as exc:
+            status, reason = "failed", str(exc)
+            self.view.note(f"error: {exc}")
         except KeyboardInterrupt as exc:
             # a second signal must not cut the cleanup short: children and the summary come first
             for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -278,6 +298,10 @@ class Conductor:
                     if c.proc.is_alive():
                         c.proc.terminate()
             self._stop_children()
+            if self.lobby is not None:
+                self._note_refusals(self.lobby.refusals(), "conductor", writer)
+                self.lobby.close()
+            self._release_launcher()
             self.view.close()
             if ctx is not None:
                 ctx.destroy(linger=0)
@@ -294,13 +318,73 @@ class Conductor:
             writer.close()
         return summary
 
+    # ---- hosts on other machines -------------------------------------------------------------
+    def _open_lobby(self, ctx: zmq.Context, world: World, listen: str, run_keys, host_key_file: Path | None,
+                    writer: RunWriter) -> None:
+        """Open the lobby and, with the ray launcher, start the hosts that will join through it."""
+        names = [c.name for c in self.children if c.role == "host"] or sorted(self.host_clients, key=lambda n: int(n[4:]))
+        timeout = self.sc.run.peer_timeout_s
+        welcome = {"scenario": self.resolved, "fingerprint": world_fingerprint(world),
+                   "silence_s": float(timeout if timeout is not None else DEFAULT_SILENCE_S)}
+        if self.placement.launcher == "ray":
+            if host_key_file is None:
+                raise PlacementError("--launcher ray hands the hosts keys it makes for the run: leave out --keys")
+            procs: list[RemoteHost] = []
+            self.lobby = Lobby(ctx, listen, run_keys, procs, welcome)
+            # each task is handed the host key made for this run, as its argument
+            self.ray_started, hosts = ray_hosts(self.placement, names, self.lobby.address_for_hosts(),
+                                                read_host_key(host_key_file), max(1, int(self.placement.cpus_per_host)))
+            procs += hosts
+        else:
+            procs = [RemoteHost(name) for name in names]
+            self.lobby = Lobby(ctx, listen, run_keys, list(procs), welcome)
+            self.view.note(f"waiting for {len(names)} hosts at {self.lobby.endpoint}: python -m emulator host --connect "
+                           f"{self.lobby.address_for_hosts('ADDR')} --key "
+                           f"{host_key_file if host_key_file else 'HOST_KEY_FILE'}")
+        for proc in procs:
+            self.children.append(Child(proc.name, "host", proc))
+        writer.summary["placement"] = {"launcher": self.placement.launcher, "hosts": len(names), "lobby": self.lobby.endpoint,
+                                       "joined": {}}
+
+    def _serve_lobby(self, writer: RunWriter, notes: list[str] | None = None) -> None:
+        for line in notes if notes is not None else self.lobby.receive():
+            self.view.note(line)
+        joined = writer.summary["placement"]["joined"]
+        for child in self.children:
+            if isinstance(child.proc, RemoteHost) and child.proc.joined_from and child.name not in joined:
+                joined[child.name] = child.proc.joined_from
+        self._note_refusals(self.lobby.refusals(), "conductor", writer)
+
+    def _note_refusals(self, refusals: list[dict], by: str, writer: RunWriter) -> None:
+        for r in refusals:
+            writer.incident(f"refused a connection to the {by}: {r['why']}", address=r.get("address"), key=r.get("key"))
+            self.view.note(f"{by} refused a connection from {r.get('address')}: {r['why']}")
+
+    def _release_launcher(self) -> None:
+        if self.placement.launcher != "ray":
+            return
+        try:
+            import ray  # noqa: PLC0415
+
+            if ray.is_initialized() and self.ray_started:
+                ray.shutdown()
+        except Exception:
+            pass
+
     def _supervise(self, sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None]:
         last_rss = 0.0
         rss_every = RSS_EVERY_S
         last_progress = time.monotonic()
         stall = self.sc.run.stall_timeout_s
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if self.lobby is not None:
+            poller.register(self.lobby.sock, zmq.POLLIN)
         while True:
-            if sock.poll(POLL_MS):
+            events = dict(poller.poll(POLL_MS))
+            if self.lobby is not None and self.lobby.sock in events:
+                self._serve_lobby(writer)
+            if sock in events:
                 last_progress = time.monotonic()
                 while sock.poll(0):
                     outcome = self._receive(sock, writer)
@@ -321,6 +405,10 @@ class Conductor:
                 if outcome is not None:
                     return outcome
             if now - last_progress > stall:
+                if self.lobby is not None and self.startup_s is None:
+                    missing = [c.name for c in self.children if c.role == "host" and c.name not in self.lobby.joined]
+                    return "failed", (f"{len(missing)} of {len(self.host_clients)} remote hosts did not join within "
+                                      f"{stall:.0f} s (run.stall_timeout_s): {', '.join(missing[:8])}")
                 writer.incident(f"no progress for {stall:.0f} s of wall time")
                 return "failed", f"stalled: no message for {stall:.0f} s"
 
@@ -471,6 +559,11 @@ class Conductor:
             writer.incident(f"refused a claim on actor names: {body.get('reason')}", peer=body.get("peer"),
                             emulated_time_s=body.get("t_net"))
             self.view.note(f"network refused a claim: {body.get('reason')}")
+        elif kind == "listening" and self.lobby is not None:
+            writer.summary["placement"]["network"] = body.get("endpoint")
+            self._serve_lobby(writer, self.lobby.network_listening(str(body.get("endpoint"))))
+        elif kind == "refused_key":
+            self._note_refusals([body], "network", writer)
         elif kind == "network_stats":
             clock_s = body.get("clock_s") or 0.0
             writer.summary["network"] = {"events": body.get("events"), "cpu_s": body.get("cpu_s"), "clock_s": clock_s,
@@ -564,13 +657,21 @@ def resume_run(run_dir: Path, view_for: Any = None) -> dict:
     return conductor.run(world, resume=checkpoint)
 
 
-def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: View | None = None) -> dict:
+def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: View | None = None,
+                 placement: Placement | None = None) -> dict:
+    """Run a scenario; PlacementError before anything starts when the placement cannot work."""
     t0 = time.monotonic()
+    placement = placement or Placement()
+    placement.check(sc.run.checkpoint_every)
+    if placement.remote:  # hosts elsewhere build the world from the resolved scenario: their number must be in it
+        hosts = min(placement.hosts or sc.population.hosts or usable_cores(), sc.population.clients)
+        sc = sc.model_copy(update={"population": sc.population.model_copy(update={"hosts": hosts})})
+        resolved = {**resolved, "population": {**resolved["population"], "hosts": hosts}}
     world = build_world(sc)
     if world.client.codec_time is not None:  # what was measured reruns and resumes from the run's scenario.yaml
         resolved = {**resolved, "algorithm": {**resolved["algorithm"], "codec_time": world.client.codec_time.as_dict()}}
     run_dir = out if out is not None else new_run_dir(Path(sc.output.dir), sc.name)
-    conductor = Conductor(sc, resolved, run_dir, view)
+    conductor = Conductor(sc, resolved, run_dir, view, placement)
     conductor.t0 = t0
     conductor.view.t0 = t0
     return conductor.run(world)

@@ -28,6 +28,7 @@ import zmq
 import numpy as np
 
 from protocol import envelope
+from protocol.curve import RunKeys, ZapHandler
 from node.compute import LoadModel, cpu_load
 
 from .devices import DeviceSpec, stable_key
@@ -68,6 +69,9 @@ class Fault:
         return actor == self.actor and self.start <= t < self.end
 
 
+ALIVE_ACK = envelope.pack("alive_ack")
+
+
 def truncated(frames: list[Any]) -> list[Any]:
     """The message with its last payload byte gone: what a cut-off or mis-framed message looks like."""
     if not frames:
@@ -99,6 +103,8 @@ class NetworkConfig:
     max_message_bytes: int = -1  # larger frames make ZeroMQ drop the sender's connection (-1: no limit)
     checkpoint_dir: str | None = None  # where checkpoints go (written to CHECKPOINT_DIR.new first)
     restore: str | None = None  # a checkpoint's network state to continue from
+    listen: str | None = None  # a TCP endpoint for hosts on other machines, bound besides `endpoint`, CURVE only
+    run_keys: RunKeys | None = None  # with listen: the run's key pair and the host keys it admits
 
 
 class LagMeter:
@@ -157,6 +163,7 @@ class Network:
         self.flow_head: tuple | None = None  # the entry of flow_heap that stands in the queue
         self.holds = Holds()
         self._outbox: list[bytes] = []
+        self._to_peers: list[tuple[str, bytes]] = []  # heartbeat answers
         self._answer_records: list[tuple[int, bytes]] = []  # see _on_done
         self.events = 0  # events processed: the network's work, for benchmarks
         self.hold_ids = itertools.count()
@@ -256,6 +263,7 @@ class Network:
         op = env["op"]
         if op == "alive":
             self.busy_for[peer] = float(env["busy_s"])
+            self._to_peers.append((peer, ALIVE_ACK))
         elif op == "hello":
             refused = (f"{peer} said hello as {env['peer']!r}" if env["peer"] != peer else
                        self.guard.claim(peer, list(env["actors"])))
@@ -781,6 +789,19 @@ class Network:
         sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_message_bytes)
         sock.bind(self.cfg.endpoint)
         self._outbox: list[bytes] = []
+        self.zap = None
+        if self.cfg.listen:
+            self.zap = ZapHandler(ctx, self.cfg.run_keys.hosts, "network")
+            # security options apply to the endpoints bound after them: the local ipc one stays plain
+            self.cfg.run_keys.serve(sock)
+            try:
+                sock.bind(self.cfg.listen)
+            except zmq.ZMQError as exc:
+                self.to_conductor("report", {"type": "fatal", "peer": "network",
+                                             "error": f"the network cannot listen on {self.cfg.listen}: {exc}", "t_net": 0.0})
+            else:
+                self.to_conductor("report", {"type": "listening", "endpoint": sock.getsockopt_string(zmq.LAST_ENDPOINT),
+                                             "t_net": 0.0})
         try:
             while not self.stopping:
                 timeout = POLL_MS
@@ -814,6 +835,8 @@ class Network:
                         pass
             time.sleep(0.05)
         finally:
+            if self.zap is not None:
+                self.zap.close()
             ctx.destroy(linger=0)
 
     def _watch_peers(self) -> None:
@@ -823,6 +846,8 @@ class Network:
         if now - getattr(self, "_last_watch", 0.0) < 1.0:
             return
         self._last_watch = now
+        for refusal in self.zap.refusals() if self.zap is not None else []:
+            self.to_conductor("report", {"type": "refused_key", "by": "network", **refusal, "t_net": self.now})
         if self.guard.changed:
             self.to_conductor("report", {"type": "refused_messages", **self.guard.counts(), "t_net": self.now})
         if self.cfg.peer_timeout_s is None:
@@ -836,6 +861,12 @@ class Network:
                 self.to_conductor("report", {"type": "peer_silent", "peer": peer, "silent_s": silent, "t_net": self.now})
 
     def _flush(self, sock: zmq.Socket) -> None:
+        for peer, message in self._to_peers:
+            try:
+                sock.send_multipart([peer.encode(), message], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        self._to_peers.clear()
         if CONDUCTOR not in self.guard.greeted:
             return  # a host can report (its device, a fatal error) before the conductor has connected: keep it
         for header in self._outbox:

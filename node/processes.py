@@ -3,8 +3,10 @@ world from the conductor and run a Runtime until told to stop."""
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
+import zmq
 
 from .device import EXIT_DEVICE, DeviceError, open_device
 from .lifecycle import detach_from_terminal_signals
@@ -17,16 +19,20 @@ from .server import ServerActor, ServerConfig
 
 
 def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig | RingConfig,
-              threads: int, parent_pid: int, restore: list[str] | None = None, host_index: int = 0) -> None:
+              threads: int, parent_pid: int | None, restore: list[str] | None = None, host_index: int = 0,
+              secure: Callable[[zmq.Socket], None] | None = None, silence_s: float | None = None) -> None:
     """A host of client actors: star clients sharing one model, or ring clients with their own.
-    It opens its training device first (the CUDA context is made here, after the fork)."""
-    detach_from_terminal_signals(parent_pid, peer)
+    It opens its training device first (the CUDA context is made here, after the fork). A host
+    that joined from another machine (parent_pid None) connects with `secure` and leaves when the
+    network has been silent for silence_s."""
+    if parent_pid is not None:
+        detach_from_terminal_signals(parent_pid, peer)
     torch.set_num_threads(threads)
     try:
         placement, device_info = open_device(task.plan, host_index)
     except DeviceError as exc:
         print(f"[{peer}] {exc}", file=sys.stderr)
-        Runtime.tell_fatal(peer, endpoint, str(exc))
+        Runtime.tell_fatal(peer, endpoint, str(exc), secure=secure)
         sys.exit(EXIT_DEVICE)
     task = task.on(placement.device)
     group = {}
@@ -40,7 +46,8 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
         if cohorts.max_size > 1:
             group = {"run_group": cohorts.run_group, "group_size": cohorts.max_size}
         device_info["cohort"] = cohorts.max_size
-    Runtime(peer, endpoint, actors, parent_pid, restore, announce={"type": "device", **device_info}, **group).run()
+    Runtime(peer, endpoint, actors, parent_pid, restore, announce={"type": "device", **device_info},
+            secure=secure, silence_s=silence_s, **group).run()
 
 
 def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task: TaskSpec, threads: int,

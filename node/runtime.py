@@ -51,8 +51,14 @@ def _peek(counters: dict[str, itertools.count], name: str) -> int:
 class Runtime:
     def __init__(self, peer: str, endpoint: str, actors: list[Actor], parent_pid: int | None = None,
                  restore: list[str] | None = None, announce: dict | None = None,
-                 run_group: Callable[[list[Callable[[], Any]]], list[Any]] | None = None, group_size: int = 1):
+                 run_group: Callable[[list[Callable[[], Any]]], list[Any]] | None = None, group_size: int = 1,
+                 secure: Callable[[zmq.Socket], None] | None = None, silence_s: float | None = None):
         self.peer = peer
+        # A host on another machine has no parent to outlive: it connects with the run's keys
+        # (secure sets the socket's options) and leaves when the network has been silent for
+        # silence_s (the network answers every heartbeat).
+        self.secure = secure
+        self.silence_s = silence_s
         # Cohorts: up to group_size queued jobs marked cohort run together through run_group
         # (which runs each work and returns their outcomes in order), in one wall-clock stretch.
         self.run_group = run_group
@@ -227,6 +233,8 @@ class Runtime:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.peer.encode())
         sock.setsockopt(zmq.LINGER, 2000)
+        if self.secure is not None:
+            self.secure(sock)
         sock.connect(self.endpoint)
         wake_address = f"inproc://wake-{id(self)}"
         wake_sock = ctx.socket(zmq.PULL)
@@ -243,12 +251,18 @@ class Runtime:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake_sock, zmq.POLLIN)
-        self._last_beat = time.monotonic()
+        self._last_beat = last_heard = time.monotonic()
         try:
             while True:
                 events = dict(poller.poll(POLL_MS))
                 if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     return  # the conductor is gone: never outlive it
+                if sock in events:
+                    last_heard = time.monotonic()
+                elif self.silence_s is not None and time.monotonic() - last_heard > self.silence_s:
+                    print(f"[{self.peer}] the network has not answered for {self.silence_s:.0f} s: leaving the run",
+                          file=sys.stderr)
+                    return
                 self._heartbeat(sock)
                 if wake_sock in events:
                     while wake_sock.poll(0):
@@ -269,6 +283,8 @@ class Runtime:
                             self._deliver(sock, env, frames[1:])
                         elif env["op"] == "snapshot":
                             self._snapshot(sock, env["path"])
+                        elif env["op"] == "alive_ack":
+                            pass
                         else:
                             self._refuse(f"op {env['op']!r} is not one the network sends")
         finally:
@@ -279,13 +295,16 @@ class Runtime:
             ctx.destroy(linger=0)
 
     @staticmethod
-    def tell_fatal(peer: str, endpoint: str, error: str, linger_ms: int = 2000) -> None:
+    def tell_fatal(peer: str, endpoint: str, error: str, linger_ms: int = 2000,
+                   secure: Callable[[zmq.Socket], None] | None = None) -> None:
         """Tell the run why this process cannot start (the conductor ends the run with it)."""
         ctx = zmq.Context()
         try:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, peer.encode())
             sock.setsockopt(zmq.LINGER, linger_ms)
+            if secure is not None:
+                secure(sock)
             sock.connect(endpoint)
             # no hello: a peer that will not run must not count as ready (the clock would start without it)
             sock.send(envelope.pack("report", body={"peer": peer, "type": "fatal", "error": error}))

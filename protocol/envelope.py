@@ -32,11 +32,17 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "record": {"body": _MAP},
     "peer_lost": {"peer": _STR},
     "alive": {"busy_s": _NUM},  # a heartbeat: wall seconds the peer's current job has run (0: idle)
+    "alive_ack": {},  # the network's answer to a heartbeat: a remote host leaves a run that stopped answering
     "checkpoint": {"actor": _STR, "at": _NUM, "round": _INT},  # an actor asks for a checkpoint of the world at `at`
     "snapshot": {"round": _INT, "path": _STR},  # the network asks a peer to write its state to path
     "snapshot_done": {"ok": bool, "why": _STR},
     "halt": {"actor": _STR, "at": _NUM},  # the server finished the run at `at`: the clock stops there
     "stop": {},
+    # the conductor's lobby, where a host on another machine joins a run
+    "join": {"host": _STR, "pid": _INT, "slot": _STR},  # which machine and process asks, for which slot ("": any)
+    "welcome": {"peer": _STR, "index": _INT, "scenario": _MAP, "fingerprint": _STR, "network_port": _INT,
+                "silence_s": _NUM},
+    "join_refused": {"why": _STR},
 }
 # numbers that are counts, ids or times: never negative
 NONNEGATIVE = frozenset({"n", "payload", "fp32", "hold", "at", "busy_until", "busy_s"})

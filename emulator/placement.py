@@ -1,0 +1,317 @@
+"""Where a run's client hosts run. `local` forks them here (the conductor does that); `remote`
+waits for hosts that join over TCP from other machines (`python -m emulator host --connect`, by
+hand or from a Slurm or Kubernetes job); `ray` starts those same host commands as Ray tasks.
+
+A remote host joins through the conductor's lobby: a ROUTER socket with CURVE, whose ZAP handler
+admits only the run's host keys. The lobby hands each joining host a free host slot (its name and
+index), the resolved scenario, a fingerprint of the world built from it, and the port of the
+network's TCP socket (also CURVE). The host rebuilds the world itself, from its own data root, and
+refuses to run if its fingerprint differs."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import zmq
+
+from protocol import curve, envelope
+from .world import World
+
+LAUNCHERS = ("local", "remote", "ray")
+LOBBY_MAX_MESSAGE = 64 * 1024  # a join is a few dozen bytes
+DEFAULT_SILENCE_S = 60.0  # a remote host leaves a run whose network has not answered for this long
+
+
+class PlacementError(ValueError):
+    """Options of run that cannot work together or cannot be met; the message names the option."""
+
+
+@dataclass
+class Placement:
+    launcher: str = "local"
+    hosts: int | None = None  # remote and ray: how many hosts the run waits for
+    listen: str | None = None  # tcp://ADDR:PORT of the lobby; the network listens on PORT + 1 (or any port with 0)
+    keys: Path | None = None  # a conductor.key to admit hosts by; None: one made for the run in RUN_DIR/keys
+    ray_address: str | None = None
+    cpus_per_host: float = 1.0  # ray: the resources one host asks for
+    gpus_per_host: float = 0.0
+
+    @property
+    def remote(self) -> bool:
+        return self.launcher != "local"
+
+    def check(self, checkpoint_every: int | None) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise PlacementError(f"--launcher {self.launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+        if not self.remote:
+            if self.listen or self.keys:
+                raise PlacementError("--listen and --keys are for hosts on other machines: add --hosts remote:N or --launcher ray")
+            return
+        if self.launcher == "remote" and not self.listen:
+            raise PlacementError("--hosts remote:N needs --listen tcp://ADDR:PORT (where the hosts connect)")
+        if self.hosts is not None and self.hosts < 1:
+            raise PlacementError(f"--hosts remote:{self.hosts}: at least one host")
+        if self.listen:
+            split_listen(self.listen)
+        if checkpoint_every:
+            raise PlacementError("run.checkpoint_every: checkpoints are written by every host into the run directory, "
+                                 "which hosts on other machines do not have; unset it for a run with remote hosts")
+
+    def run_keys(self, run_dir: Path) -> tuple[curve.RunKeys, Path | None]:
+        """The keys hosts are admitted by, and the host key file a user hands to hosts (None when
+        the keys came from --keys: the user has it)."""
+        if self.keys is not None:
+            try:
+                return curve.read_run_keys(self.keys), None
+            except curve.KeyFileError as exc:
+                raise PlacementError(f"--keys: {exc}") from None
+        keys, paths = curve.make_keys(run_dir / "keys", 1)
+        return keys, paths[0]
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    parts = urlsplit(listen)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or port is None:
+        raise PlacementError(f"--listen {listen!r}: expected tcp://ADDR:PORT (PORT 0: any free port)")
+    return parts.hostname, port
+
+
+def network_listen(listen: str) -> str:
+    """The network's TCP endpoint beside the lobby's: PORT + 1, or any free port."""
+    addr, port = split_listen(listen)
+    return f"tcp://{addr}:{port + 1 if port else '*'}"
+
+
+def world_fingerprint(world: World) -> str:
+    """What a host must rebuild identically: every client's samples (indices into the same data),
+    the data's labels and shape, and the clients' hosts. Not the pixel values: hashing them costs
+    seconds on a large data set, and the labels already tell two different data sets apart."""
+    h = hashlib.sha256()
+    for name, data in (("train", world.task.train), ("test", world.task.test)):
+        h.update(f"{name}:{tuple(data.x.shape)}".encode())
+        h.update(np.ascontiguousarray(data.y.numpy()).tobytes())
+    for c in world.clients:
+        h.update(f"{c.profile.name}:{c.host}:{c.profile.ms_per_sample!r}".encode())
+        h.update(np.ascontiguousarray(c.profile.indices).tobytes())
+    return h.hexdigest()[:32]
+
+
+class RemoteHost:
+    """A host process on another machine, with the part of multiprocessing.Process's interface the
+    conductor uses. It cannot be killed from here: a host that is given up on is dropped by the
+    network, and leaves on its own when the network stops answering it."""
+    pid = None
+
+    def __init__(self, name: str):
+        self.name = name
+        self.gone = False
+        self.joined_from: dict[str, Any] | None = None
+
+    def is_alive(self) -> bool:
+        return not self.gone
+
+    @property
+    def exitcode(self) -> int | None:
+        return None
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def terminate(self) -> None:
+        self.gone = True
+
+    def kill(self) -> None:
+        self.gone = True
+
+
+class RayHost(RemoteHost):
+    """A host started as a Ray task: its exit is seen (as a local process's is), and it can be cancelled."""
+
+    def __init__(self, name: str, ref: Any):
+        super().__init__(name)
+        self.ref = ref
+        self._code: int | None = None
+
+    def _poll(self, timeout: float = 0.0) -> int | None:
+        if self._code is None:
+            import ray  # noqa: PLC0415
+
+            ready, _ = ray.wait([self.ref], timeout=timeout)
+            if ready:
+                try:
+                    self._code = int(ray.get(self.ref))
+                except Exception:  # a cancelled or crashed task
+                    self._code = -9
+        return self._code
+
+    def is_alive(self) -> bool:
+        return not self.gone and self._poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._poll(timeout or 0.0)
+
+    def kill(self) -> None:
+        import ray  # noqa: PLC0415
+
+        super().kill()
+        try:
+            ray.cancel(self.ref, force=True)
+        except Exception:
+            pass
+
+    terminate = kill
+
+
+class Lobby:
+    """The conductor's TCP socket where remote hosts join (see the module's docstring)."""
+
+    def __init__(self, ctx: zmq.Context, listen: str, keys: curve.RunKeys, hosts: list[RemoteHost],
+                 welcome: dict[str, Any]):
+        self.zap = curve.ZapHandler(ctx, keys.hosts, "conductor")
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, LOBBY_MAX_MESSAGE)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        keys.serve(self.sock)
+        try:
+            self.sock.bind(listen)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise PlacementError(f"--listen {listen}: cannot listen there ({exc})") from None
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.free = list(hosts)
+        self.welcome = welcome  # scenario, fingerprint, silence_s
+        self.network_port: int | None = None
+        self.pending: list[tuple[bytes, dict]] = []
+        self.joined: list[str] = []
+
+    def address_for_hosts(self, advertised: str | None = None) -> str:
+        """The URL hosts connect to: the bound one, with a wildcard address replaced."""
+        addr, port = self.endpoint.rsplit(":", 1)
+        host = addr.split("//", 1)[1]
+        if host in ("0.0.0.0", "[::]", "*"):
+            host = advertised or host
+        return f"tcp://{host}:{port}"
+
+    def network_listening(self, endpoint: str) -> list[str]:
+        self.network_port = int(endpoint.rsplit(":", 1)[1])
+        waiting, self.pending = self.pending, []
+        return [note for identity, env in waiting for note in self._admit(identity, env)]
+
+    def receive(self) -> list[str]:
+        """Answer what came in; returns lines for the run's log."""
+        notes: list[str] = []
+        while self.sock.poll(0):
+            frames = self.sock.recv_multipart()
+            if len(frames) != 2:
+                continue
+            identity, frame = frames
+            try:
+                env = envelope.unpack(frame)
+            except envelope.ProtocolError as exc:
+                notes.append(f"lobby: refused a message ({exc})")
+                continue
+            if env["op"] != "join":
+                notes.append(f"lobby: refused op {env['op']!r} (only join is spoken here)")
+                continue
+            if self.network_port is None:
+                self.pending.append((identity, env))
+            else:
+                notes += self._admit(identity, env)
+        return notes
+
+    def _admit(self, identity: bytes, env: dict) -> list[str]:
+        who = f"{env['host']} (pid {env['pid']})"
+        if not self.free:
+            self._send(identity, envelope.pack("join_refused", why=f"the run has all its {len(self.joined)} hosts"))
+            return [f"lobby: refused {who}: every host slot is taken"]
+        wanted = [h for h in self.free if h.name == env["slot"]]
+        if env["slot"] and not wanted:
+            self._send(identity, envelope.pack("join_refused", why=f"host slot {env['slot']!r} is not free"))
+            return [f"lobby: refused {who}: it asked for slot {env['slot']!r}, which is not free"]
+        host = wanted[0] if wanted else self.free[0]
+        self.free.remove(host)
+        host.joined_from = {"machine": env["host"], "pid": env["pid"]}
+        self.joined.append(host.name)
+        index = int(host.name.removeprefix("host"))
+        self._send(identity, envelope.pack("welcome", peer=host.name, index=index, network_port=self.network_port,
+                                           **self.welcome))
+        return [f"{host.name} joined from {who}"]
+
+    def _send(self, identity: bytes, message: bytes) -> None:
+        try:
+            self.sock.send_multipart([identity, message], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # it left before the answer: its slot is not taken back (it may still come)
+
+    def refusals(self) -> list[dict]:
+        return self.zap.refusals()
+
+    def close(self) -> None:
+        if getattr(self, "sock", None) is not None:
+            self.sock.close(linger=0)
+        self.zap.close()
+
+
+# ---- Ray ---------------------------------------------------------------------------------------
+def ray_hosts(placement: Placement, names: list[str], connect: str, key: curve.HostKey,
+              threads: int) -> tuple[bool, list[RayHost]]:
+    """Start one `python -m emulator host` per name as a Ray task with the placement's resources;
+    and whether Ray was started here (then the run shuts it down at its end)."""
+    try:
+        import ray  # noqa: PLC0415
+    except ImportError:
+        raise PlacementError("--launcher ray: Ray is not installed (pip install -e '.[ray]')") from None
+    started = not ray.is_initialized()
+    if started:
+        address = placement.ray_address or os.environ.get("RAY_ADDRESS")
+        ray.init(address=address, include_dashboard=False, log_to_driver=True, logging_level="warning")
+    task = ray.remote(num_cpus=placement.cpus_per_host, num_gpus=placement.gpus_per_host, max_retries=0)(run_host_command)
+    data_root = os.environ.get("EMULATOR_DATA")
+    return started, [RayHost(name, task.remote(connect, key.as_dict(), threads, data_root, name)) for name in names]
+
+
+def ray_node_address() -> str:
+    import ray  # noqa: PLC0415
+
+    return ray.util.get_node_ip_address()
+
+
+def run_host_command(connect: str, key: dict, threads: int, data_root: str | None, slot: str = "") -> int:
+    """In a Ray worker: the same host entry point a user runs by hand, as a child process (a host
+    that crashes must not take the worker with it). Its key travels as the task's argument and is
+    written to a file only its user can read."""
+    fd, path = tempfile.mkstemp(prefix="flemu-host-", suffix=".key")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(key, f)
+        cmd = [sys.executable, "-m", "emulator", "host", "--connect", connect, "--key", path, "--threads", str(threads),
+               *(["--slot", slot] if slot else [])]
+        env = {**os.environ, **({"EMULATOR_DATA": data_root} if data_root and "EMULATOR_DATA" not in os.environ else {})}
+        return subprocess.call(cmd, env=env)
+    finally:
+        os.unlink(path)
+
+
+def wait_quietly(hosts: list[RemoteHost], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for h in hosts:
+        h.join(max(0.0, deadline - time.monotonic()))
