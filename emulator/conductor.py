@@ -329,12 +329,11 @@ class Conductor:
         if self.placement.launcher == "ray":
             if host_key_file is None:
                 raise PlacementError("--launcher ray hands the hosts keys it makes for the run: leave out --keys")
-            procs: list[RemoteHost] = []
-            self.lobby = Lobby(ctx, listen, run_keys, procs, welcome)
+            self.lobby = Lobby(ctx, listen, run_keys, [], welcome)
             # each task is handed the host key made for this run, as its argument
-            self.ray_started, hosts = ray_hosts(self.placement, names, self.lobby.address_for_hosts(),
+            self.ray_started, procs = ray_hosts(self.placement, names, self.lobby.address_for_hosts(),
                                                 read_host_key(host_key_file), max(1, int(self.placement.cpus_per_host)))
-            procs += hosts
+            self.lobby.add(procs)
         else:
             procs = [RemoteHost(name) for name in names]
             self.lobby = Lobby(ctx, listen, run_keys, list(procs), welcome)
@@ -485,6 +484,11 @@ class Conductor:
             writer.incident(f"{child.name} process {how}; the run cannot continue", process=child.name,
                             emulated_time_s=emulated, wall_time_s=now - self.t0, **extra)
             return "failed", f"{child.name} process {how}"
+        if self.startup_s is None:  # the clock waits for every host's hello: it would never start
+            writer.incident(f"{child.name} process {how} before the clock started", process=child.name,
+                            wall_time_s=now - self.t0, **extra)
+            self.view.note(f"{child.name} {how} before the clock started; the run cannot start without it")
+            return "failed", f"{child.name} process {how} before the clock started (every host must join first)"
         writer.incident(f"{child.name} process {how}; its clients count as failed from now on",
                         process=child.name, pid=child.proc.pid, wall_time_s=now - self.t0,
                         after_round=writer.rows[-1]["round"] if writer.rows else None, **extra)

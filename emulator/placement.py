@@ -197,11 +197,15 @@ class Lobby:
             self.close()
             raise PlacementError(f"--listen {listen}: cannot listen there ({exc})") from None
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.free = list(hosts)
+        self.free: list[RemoteHost] = []  # the slots not yet given (add)
+        self.add(hosts)
         self.welcome = welcome  # scenario, fingerprint, silence_s
         self.network_port: int | None = None
         self.pending: list[tuple[bytes, dict]] = []
         self.joined: list[str] = []
+
+    def add(self, hosts: list[RemoteHost]) -> None:
+        self.free += hosts
 
     def address_for_hosts(self, advertised: str | None = None) -> str:
         """The URL hosts connect to: the bound one, with a wildcard address replaced."""

@@ -1,0 +1,377 @@
+"""Hosts on other machines: CURVE keys and the ZAP handler, the lobby, and whole runs whose hosts
+join over TCP from another network namespace (root), or over loopback where namespaces cannot be
+made. The CSVs must equal a local run's; a wrong key is refused and the run says so; a peer with a
+valid key cannot claim another host's actors; a host that vanishes is handled as a killed one."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from emulator.placement import Lobby, Placement, PlacementError, RemoteHost, network_listen
+from protocol import curve, envelope
+
+from conftest import REPO, read_csv, run_cli, write_scenario
+
+NS_A, NS_B = f"flemu-ta{os.getpid() % 10000}", f"flemu-tb{os.getpid() % 10000}"
+ADDR_A, ADDR_B = "10.213.9.1", "10.213.9.2"
+
+TINY = """
+name: remote
+seed: 5
+rounds: {rounds}
+task: {{dataset: synthetic, model: mlp, partition: {{kind: iid}}, synthetic: {{samples: 600, test_samples: 100}}}}
+population:
+  clients: 8
+  devices: [{{name: d, share: 1.0, ms_per_sample: 5.0}}]
+  links:
+    - {{name: wifi, share: 0.5, up_mbps: 20, down_mbps: 50, latency_ms: 10}}
+    - {{name: lte, share: 0.5, up_mbps: 5, down_mbps: 20, latency_ms: 40}}
+server: {{link: {{up_mbps: 100, down_mbps: 100, latency_ms: 1}}}}
+selection: {{clients_per_round: {per_round}}}
+algorithm: {{local_epochs: 1, batch_size: 16, lr: 0.05}}
+eval: {{every: 1}}
+run: {{peer_timeout_s: 3}}
+"""
+
+
+# ---- keys, ZAP, lobby ----------------------------------------------------------------------------
+def test_key_files_are_private_and_read_back(tmp_path):
+    keys, paths = curve.make_keys(tmp_path / "k", hosts=2)
+    assert [p.name for p in paths] == ["host-1.key", "host-2.key"]
+    for path in [tmp_path / "k" / "conductor.key", *paths]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o700
+    back = curve.read_run_keys(tmp_path / "k" / "conductor.key")
+    assert back == keys
+    host = curve.read_host_key(paths[1])
+    assert host.run_public == keys.run.public and host.host.public == keys.hosts[1]
+    with pytest.raises(curve.KeyFileError, match="not a host key file"):
+        curve.read_host_key(tmp_path / "k" / "conductor.key")
+    with pytest.raises(curve.KeyFileError, match="not a conductor key file"):
+        curve.read_run_keys(paths[0])
+    with pytest.raises(curve.KeyFileError, match="key file not found"):
+        curve.read_host_key(tmp_path / "nope.key")
+    bad = json.loads(paths[0].read_text())
+    bad["secret"] = "x" * 39
+    (tmp_path / "bad.key").write_text(json.dumps(bad))
+    with pytest.raises(curve.KeyFileError, match="secret is not a 40-character Z85"):
+        curve.read_host_key(tmp_path / "bad.key")
+
+
+def _auth_events(sock: zmq.Socket, connect: str, timeout: float = 5.0) -> set[int]:
+    monitor = sock.get_monitor_socket()
+    sock.connect(connect)
+    sock.send(b"hello")
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not seen & {zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                                                       zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL}:
+        if monitor.poll(100):
+            seen.add(recv_monitor_message(monitor)["event"])
+    return seen
+
+
+def test_zap_admits_only_the_run_host_keys_and_reports_the_rest(tmp_path):
+    keys, paths = curve.make_keys(tmp_path / "k", hosts=1)
+    stranger = curve.HostKey(keys.run.public, curve.KeyPair.new())  # knows the run's public key, not admitted
+    server_ctx, client_ctx = zmq.Context(), zmq.Context()
+    log = tmp_path / "zap.log"
+    try:
+        with open(log, "w") as f:
+            zap = curve.ZapHandler(server_ctx, keys.hosts, "test", log=f)
+            server = server_ctx.socket(zmq.ROUTER)
+            keys.serve(server)
+            port = server.bind_to_random_port("tcp://127.0.0.1")
+            url = f"tcp://127.0.0.1:{port}"
+            good = client_ctx.socket(zmq.DEALER)
+            curve.read_host_key(paths[0]).connect(good)
+            assert zmq.EVENT_HANDSHAKE_SUCCEEDED in _auth_events(good, url)
+            assert server.poll(3000) and server.recv_multipart()[1] == b"hello"
+            bad = client_ctx.socket(zmq.DEALER)
+            stranger.connect(bad)
+            assert zmq.EVENT_HANDSHAKE_FAILED_AUTH in _auth_events(bad, url)
+            plain = client_ctx.socket(zmq.DEALER)  # no CURVE at all: the handshake itself fails
+            assert zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL in _auth_events(plain, url)
+            assert not server.poll(500), "a refused peer's message reached the server"
+            refusals = zap.refusals()
+            zap.close()
+        assert [r["key"] for r in refusals] == [stranger.host.public]
+        assert refusals[0]["address"] == "127.0.0.1" and refusals[0]["why"] == "not a key this run admits"
+        assert f"[test] refused a connection from 127.0.0.1: not a key this run admits (key {stranger.host.public})" \
+            in log.read_text()
+    finally:
+        client_ctx.destroy(linger=0)
+        server_ctx.destroy(linger=0)
+
+
+def test_lobby_gives_each_slot_once_after_the_network_listens(tmp_path):
+    keys, paths = curve.make_keys(tmp_path / "k", hosts=1)
+    host_key = curve.read_host_key(paths[0])
+    ctx = zmq.Context()
+    try:
+        hosts = [RemoteHost("host0"), RemoteHost("host1")]
+        lobby = Lobby(ctx, "tcp://127.0.0.1:0", keys, hosts, {"scenario": {"k": 1}, "fingerprint": "f" * 32, "silence_s": 9.0})
+        url = lobby.address_for_hosts()
+
+        def joiner(slot: str = "") -> zmq.Socket:
+            sock = ctx.socket(zmq.DEALER)
+            host_key.connect(sock)
+            sock.connect(url)
+            sock.send(envelope.pack("join", host="m", pid=1, slot=slot))
+            return sock
+
+        def answer(sock: zmq.Socket) -> dict | None:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                lobby.receive()
+                if sock.poll(50):
+                    return envelope.unpack(sock.recv())
+            return None
+
+        first = joiner("host1")
+        deadline = time.monotonic() + 3
+        while not lobby.pending and time.monotonic() < deadline:
+            lobby.receive()
+            time.sleep(0.02)
+        assert len(lobby.pending) == 1 and not first.poll(200), "a host was answered before the network listened"
+        assert lobby.network_listening("tcp://0.0.0.0:47555") == ["host1 joined from m (pid 1)"]
+        got = envelope.unpack(first.recv())
+        assert (got["op"], got["peer"], got["index"], got["network_port"]) == ("welcome", "host1", 1, 47555)
+        assert got["scenario"] == {"k": 1} and got["fingerprint"] == "f" * 32 and got["silence_s"] == 9.0
+        taken = answer(joiner("host1"))
+        assert taken["op"] == "join_refused" and "'host1' is not free" in taken["why"]
+        assert answer(joiner())["peer"] == "host0"
+        full = answer(joiner())
+        assert full["op"] == "join_refused" and "all its 2 hosts" in full["why"]
+        assert hosts[0].joined_from == {"machine": "m", "pid": 1} and lobby.joined == ["host1", "host0"]
+        lobby.close()
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_placement_options_that_cannot_work_are_named():
+    with pytest.raises(PlacementError, match="needs --listen"):
+        Placement("remote", 2).check(None)
+    with pytest.raises(PlacementError, match="expected tcp://ADDR:PORT"):
+        Placement("remote", 2, "udp://x:1").check(None)
+    with pytest.raises(PlacementError, match="run.checkpoint_every"):
+        Placement("remote", 2, "tcp://127.0.0.1:5000").check(3)
+    with pytest.raises(PlacementError, match="add --hosts remote:N"):
+        Placement("local", None, "tcp://127.0.0.1:5000").check(None)
+    assert network_listen("tcp://0.0.0.0:5000") == "tcp://0.0.0.0:5001"
+    assert network_listen("tcp://10.0.0.1:0") == "tcp://10.0.0.1:*"
+
+
+def test_cli_refuses_bad_remote_options_in_one_line(tmp_path):
+    path = write_scenario(tmp_path / "s.yaml", TINY.format(rounds=1, per_round=2))
+    res = run_cli("run", str(path), "--hosts", "local:2", timeout=60)
+    assert res.returncode == 2 and "expected remote:N" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("run", str(path), "--hosts", "remote:2", timeout=60)
+    assert res.returncode == 2 and "error: --hosts remote:N needs --listen" in res.stderr
+    res = run_cli("host", "--connect", "tcp://127.0.0.1:1", "--key", str(tmp_path / "none.key"), timeout=60)
+    assert res.returncode == 2 and "key file not found" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_host_leaves_a_network_that_stopped_answering(tmp_path):
+    """A remote host has no parent to outlive: it leaves once heartbeats go unanswered."""
+    from node.runtime import Runtime
+
+    ctx = zmq.Context()
+    try:
+        silent = ctx.socket(zmq.ROUTER)  # takes the host's messages and never answers
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        t0 = time.monotonic()
+        Runtime("host0", f"tcp://127.0.0.1:{port}", [], None, silence_s=1.5).run()
+        took = time.monotonic() - t0
+        assert 1.5 <= took < 6, took
+        assert silent.poll(0), "the host sent nothing (no hello, no heartbeat)"
+    finally:
+        ctx.destroy(linger=0)
+
+
+# ---- whole runs ----------------------------------------------------------------------------------
+def namespaces_available() -> str | None:
+    """None when two namespaces joined by a veth pair can be made here, else why not."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (ip)"
+    probe = f"flemu-probe{os.getpid() % 10000}"
+    res = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None if res.returncode == 0 else f"cannot create a network namespace: {res.stderr.strip()}"
+
+
+@pytest.fixture(scope="module")
+def two_machines():
+    """Namespaces A (conductor, network, server) and B (hosts) joined by a veth pair: two machines
+    as far as TCP is concerned."""
+    why = namespaces_available()
+    if why:
+        pytest.skip(why)
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+    try:
+        for ns in (NS_A, NS_B):
+            ip("netns", "add", ns)
+            ip("-n", ns, "link", "set", "lo", "up")
+        ip("link", "add", "flemu-va", "netns", NS_A, "type", "veth", "peer", "name", "flemu-vb", "netns", NS_B)
+        ip("-n", NS_A, "addr", "add", f"{ADDR_A}/24", "dev", "flemu-va")
+        ip("-n", NS_B, "addr", "add", f"{ADDR_B}/24", "dev", "flemu-vb")
+        ip("-n", NS_A, "link", "set", "flemu-va", "up")
+        ip("-n", NS_B, "link", "set", "flemu-vb", "up")
+        yield {"a": ["ip", "netns", "exec", NS_A], "b": ["ip", "netns", "exec", NS_B], "addr": ADDR_A}
+    finally:
+        for ns in (NS_A, NS_B):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _emulator(prefix: list[str], *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([*prefix, sys.executable, "-m", "emulator", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=os.environ.copy(), **kw)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{proc.args} did not end: {err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.1)
+
+
+def _same_results(local: Path, remote: Path) -> None:
+    for name in ("rounds.csv", "clients.csv", "transfers.csv"):
+        a, b = read_csv(local / name), read_csv(remote / name)
+        assert len(a) == len(b) > 0, name
+        for i, (x, y) in enumerate(zip(a, b)):
+            x.pop("wall_s", None)
+            y.pop("wall_s", None)
+            assert x == y, f"{name} row {i}: {x} != {y}"
+
+
+@pytest.fixture(scope="module")
+def two_machines_or_loopback(request):
+    """The namespaces where they can be made; else one machine's loopback (same code, same checks)."""
+    if namespaces_available() is None:
+        return request.getfixturevalue("two_machines")
+    return {"a": [], "b": [], "addr": "127.0.0.1"}
+
+
+ROGUE = """
+import sys, time, zmq
+from protocol import curve, envelope
+addr, port, key_file, actor = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+ctx = zmq.Context()
+sock = ctx.socket(zmq.DEALER)
+sock.setsockopt(zmq.IDENTITY, b"host0")
+curve.read_host_key(key_file).connect(sock)
+sock.connect(f"tcp://{addr}:{port}")
+sock.send(envelope.pack("hello", peer="host0", actors=[actor]))
+time.sleep(1.0)
+ctx.destroy(linger=500)
+"""
+
+
+def test_hosts_joining_over_tcp_give_the_local_run_results_and_strangers_are_refused(tmp_path, two_machines_or_loopback):
+    m = two_machines_or_loopback
+    path = write_scenario(tmp_path / "s.yaml", TINY.format(rounds=3, per_round=4))
+    local = run_cli("run", str(path), "--set", "population.hosts=2", "--out", str(tmp_path / "local"), "--quiet", timeout=240)
+    assert local.returncode == 0, local.stderr[-3000:]
+    port = 47400 + os.getpid() % 500
+    out = tmp_path / "remote"
+    conductor = _emulator(m["a"], "run", str(path), "--hosts", "remote:2", "--listen", f"tcp://{m['addr']}:{port}",
+                          "--out", str(out), "--plain")
+    try:
+        key_file = out / "keys" / "host-1.key"
+        _wait_for(key_file, conductor)
+        # a key this run does not admit, with the run's public key: refused at the handshake
+        curve.make_keys(tmp_path / "other")
+        wrong = json.loads((tmp_path / "other" / "host-1.key").read_text())
+        wrong["run_public"] = json.loads(key_file.read_text())["run_public"]
+        (tmp_path / "wrong.key").write_text(json.dumps(wrong))
+        code, _, err = _finish(_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
+                                         str(tmp_path / "wrong.key"), "--timeout", "30"), 60)
+        assert code == 2 and "refused this host's key" in err, err[-2000:]
+        # a valid key cannot claim another host's actors (the network checks every hello)
+        # (says hello as host0 for an actor of host1, then leaves, so that the real host0 can join)
+        rogue = subprocess.run([*m["b"], sys.executable, "-c", ROGUE, m["addr"], str(port + 1), str(key_file), "c0007"],
+                               capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert rogue.returncode == 0, rogue.stderr
+        hosts = [_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key", str(key_file),
+                           "--threads", "1") for _ in range(2)]
+        code, _, err = _finish(conductor)
+        assert code == 0, err[-3000:]
+        for h in hosts:
+            h_code, _, h_err = _finish(h, 60)
+            assert h_code == 0, h_err[-2000:]
+    finally:
+        if conductor.poll() is None:
+            conductor.kill()
+    _same_results(tmp_path / "local", out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["placement"]["launcher"] == "remote" and sorted(summary["placement"]["joined"]) == ["host0", "host1"]
+    assert summary["placement"]["network"].endswith(f":{port + 1}")
+    incidents = [i["what"] for i in summary.get("incidents", [])]
+    assert any(w == "refused a connection to the conductor: not a key this run admits" for w in incidents), incidents
+    assert any("refused a claim on actor names: host0 claimed actors it was not given (['c0007'])" in w
+               for w in incidents), incidents
+
+
+def test_a_remote_host_that_vanishes_is_handled_like_a_killed_one(tmp_path, two_machines_or_loopback):
+    m = two_machines_or_loopback
+    path = write_scenario(tmp_path / "s.yaml", TINY.format(rounds=6, per_round=8))
+    port = 46400 + os.getpid() % 500
+    out = tmp_path / "remote"
+    conductor = _emulator(m["a"], "run", str(path), "--hosts", "remote:2", "--listen", f"tcp://{m['addr']}:{port}",
+                          "--out", str(out), "--plain")
+    hosts = []
+    try:
+        _wait_for(out / "keys" / "host-1.key", conductor)
+        for slot in ("host0", "host1"):
+            hosts.append(_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
+                                   str(out / "keys" / "host-1.key"), "--threads", "1", "--slot", slot,
+                                   start_new_session=True))
+        _wait_for(out / "rounds.csv", conductor)
+        deadline = time.monotonic() + 60
+        while len(read_csv(out / "rounds.csv")) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(hosts[1].pid, signal.SIGKILL)  # the host and the ip-netns wrapper: gone without a word
+        code, _, err = _finish(conductor)
+    finally:
+        for p in [conductor, *hosts]:
+            if p.poll() is None:
+                p.kill()
+    assert code == 0, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    lost = [i for i in summary["incidents"] if i["what"].startswith("host1 process silent for")]
+    assert len(lost) == 1 and "its clients count as failed from now on" in lost[0]["what"], summary["incidents"]
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 6
+    rows = read_csv(out / "rounds.csv")
+    after = int(lost[0]["after_round"])
+    assert all(int(r["completed"]) == 4 for r in rows[after + 1:]), rows  # host1's 4 clients are gone
+    assert int(rows[0]["completed"]) == 8
+    assert _finish(hosts[0], 60)[0] == 0
