@@ -337,7 +337,7 @@ class Conductor:
         else:
             procs = [RemoteHost(name) for name in names]
             self.lobby = Lobby(ctx, listen, run_keys, list(procs), welcome)
-            self.view.note(f"waiting for {len(names)} hosts at {self.lobby.endpoint}: python -m emulator host --connect "
+            self.view.note(f"waiting for {len(names)} host{'s' if len(names) != 1 else ''} at {self.lobby.endpoint}: python -m emulator host --connect "
                            f"{self.lobby.address_for_hosts('ADDR')} --key "
                            f"{host_key_file if host_key_file else 'HOST_KEY_FILE'}")
         for proc in procs:

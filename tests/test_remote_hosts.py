@@ -21,7 +21,7 @@ from zmq.utils.monitor import recv_monitor_message
 from emulator.placement import Lobby, Placement, PlacementError, RemoteHost, network_listen
 from protocol import curve, envelope
 
-from conftest import REPO, read_csv, run_cli, write_scenario
+from conftest import REPO, needs_mnist, read_csv, run_cli, write_scenario
 
 NS_A, NS_B = f"flemu-ta{os.getpid() % 10000}", f"flemu-tb{os.getpid() % 10000}"
 ADDR_A, ADDR_B = "10.213.9.1", "10.213.9.2"
@@ -375,3 +375,25 @@ def test_a_remote_host_that_vanishes_is_handled_like_a_killed_one(tmp_path, two_
     assert all(int(r["completed"]) == 4 for r in rows[after + 1:]), rows  # host1's 4 clients are gone
     assert int(rows[0]["completed"]) == 8
     assert _finish(hosts[0], 60)[0] == 0
+
+
+@needs_mnist
+def test_a_host_without_the_run_data_is_refused_and_the_run_says_why(tmp_path):
+    """Its data root is its own: where the data set is missing, the run fails at once with the reason."""
+    port = 45400 + os.getpid() % 500
+    out = tmp_path / "remote"
+    conductor = _emulator([], "run", "scenarios/smoke.yaml", "--set", "task.model=mlp", "--hosts", "remote:1",
+                          "--listen", f"tcp://127.0.0.1:{port}", "--out", str(out), "--plain")
+    try:
+        _wait_for(out / "keys" / "host-1.key", conductor)
+        (tmp_path / "empty").mkdir()
+        code, _, err = _finish(_emulator([], "host", "--connect", f"tcp://127.0.0.1:{port}", "--key",
+                                         str(out / "keys" / "host-1.key"), "--data-root", str(tmp_path / "empty")), 120)
+        assert code == 2 and "task.dataset: dataset 'mnist' not found under" in err, err[-2000:]
+        code, _, err = _finish(conductor, 60)
+    finally:
+        if conductor.poll() is None:
+            conductor.kill()
+    assert code == 1 and "failed: task.dataset: dataset 'mnist' not found" in err, err[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["placement"]["joined"]["host0"]["pid"] > 0
