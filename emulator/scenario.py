@@ -377,6 +377,31 @@ class Firma(Strict):
 
 
 RING_ALGORITHMS = ("fibfl",)  # run by the ring topology, not by a server strategy
+FLOWER = "flower"  # a Flower app's own ServerApp and ClientApp (node/flower/)
+NOT_STRATEGIES = (*RING_ALGORITHMS, FLOWER)
+
+
+class FlowerMetrics(Strict):
+    """Which of the replies' metrics fill rounds.csv (weighted by the samples metric, as Flower's
+    strategies aggregate them)."""
+    train_loss: str = "train_loss"
+    accuracy: str = "eval_acc"
+    test_loss: str = "eval_loss"
+
+
+class FlowerSpec(Strict):
+    app: Optional[str] = Field(None, description="a Flower app directory (with pyproject.toml), relative to the scenario "
+                                                 "file or absolute; or a ServerApp as module:attribute")
+    server_app: Optional[str] = Field(None, description="module:attribute of the ServerApp (default: the app's own)")
+    client_app: Optional[str] = Field(None, description="module:attribute of the ClientApp (default: the app's own)")
+    run_config: dict[str, Union[bool, int, float, str]] = Field(
+        default_factory=dict, description="overrides of the app's [tool.flwr.app.config]")
+    samples_metric: str = Field("num-examples", description="the reply metric that says how many samples a client "
+                                                            "trained on (its compute time, and the weights)")
+    samples: Optional[int] = Field(None, ge=1, description="charged when a reply reports no samples metric; null: the "
+                                                           "client's own sample count")
+    timeout_s: Optional[float] = Field(None, gt=0, description="caps the app's own timeouts, read as emulated seconds")
+    metrics: FlowerMetrics = Field(default_factory=FlowerMetrics)
 
 
 class Algorithm(Strict):
@@ -406,6 +431,7 @@ class Algorithm(Strict):
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     firma: Firma = Field(default_factory=Firma)
     fedalign: FedAlign.Options = Field(default_factory=FedAlign.Options)
+    flower: FlowerSpec = Field(default_factory=FlowerSpec)
 
     @field_validator("cohort", mode="before")
     @classmethod
@@ -427,6 +453,12 @@ class Algorithm(Strict):
         if self.name in RING_ALGORITHMS:
             if self.options:
                 raise ValueError(f"options: {self.name}'s options are algorithm.firma")
+            return self
+        if self.name == FLOWER:
+            if self.options:
+                raise ValueError("options: a Flower app's options are algorithm.flower.run_config")
+            if not self.flower.app and not (self.flower.server_app and self.flower.client_app):
+                raise ValueError("flower.app: name the Flower app (a directory with pyproject.toml, or module:attribute)")
             return self
         try:
             cls = strategy_class(self.name)
@@ -568,7 +600,7 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _late_updates_need_a_deadline(self):
         name = self.algorithm.name
-        if name not in RING_ALGORITHMS and strategy_class(name).keeps_late and self.round.timeout_s is None:
+        if name not in NOT_STRATEGIES and strategy_class(name).keeps_late and self.round.timeout_s is None:
             raise ValueError(f"round.timeout_s: {name} keeps the updates a round's deadline cut off; without a "
                              f"deadline there are none (set one)")
         return self
@@ -576,7 +608,7 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _asynchronous_fits(self):
         """What synchronous rounds mean does not carry over to a strategy that steps as updates arrive."""
-        if self.algorithm.name in RING_ALGORITHMS or not strategy_class(self.algorithm.name).asynchronous:
+        if self.algorithm.name in NOT_STRATEGIES or not strategy_class(self.algorithm.name).asynchronous:
             return self
         name = self.algorithm.name
         if self.round.policy != "all":
@@ -614,7 +646,7 @@ class Scenario(Strict):
         if isinstance(edges, int) and not 1 <= edges <= self.population.clients:
             raise ValueError(f"hierarchy.edges: between 1 and population.clients ({self.population.clients}), got {edges}")
         name = self.algorithm.name
-        if name in RING_ALGORITHMS or strategy_class(name).asynchronous or strategy_class(name).message_kinds:
+        if name in NOT_STRATEGIES or strategy_class(name).asynchronous or strategy_class(name).message_kinds:
             raise ValueError(f"algorithm.name: a hierarchy's edges run synchronous rounds of a one-phase strategy "
                              f"(fedavg, fedprox, fedavgm), not {name}")
         if self.algorithm.quantization.schedule != "static":
@@ -642,6 +674,19 @@ class Scenario(Strict):
                 raise ValueError("algorithm.charge_codec_time: charged to the clients of a server; a ring's gossip is not")
         elif self.algorithm.name in ring_algorithms:
             raise ValueError(f"algorithm.name {self.algorithm.name} runs on topology: ring")
+        if self.algorithm.name == FLOWER:
+            if self.topology != "star":
+                raise ValueError(f"algorithm.name flower: a Flower app has one ServerApp; it runs on topology star, "
+                                 f"not {self.topology}")
+            if self.run.checkpoint_every is not None:
+                raise ValueError("run.checkpoint_every: a Flower app's state lives in its own Python objects; "
+                                 "it cannot be checkpointed")
+            for key, default in (("privacy", "none"), ("schedule", "static")):
+                value = self.algorithm.privacy.mechanism if key == "privacy" else self.algorithm.quantization.schedule
+                if value != default:
+                    raise ValueError(f"algorithm.{'privacy.mechanism' if key == 'privacy' else 'quantization.schedule'}: "
+                                     f"the core paper's pipeline is not a Flower app's (use Flower's own DP mods); "
+                                     f"leave it at {default}")
         if self.run.checkpoint_every is not None and (self.topology == "ring" or self.clock.mode == "realtime"):
             raise ValueError("run.checkpoint_every: checkpoints are for the star topology in virtual time "
                              f"(this scenario has topology {self.topology}, clock.mode {self.clock.mode})")
@@ -829,6 +874,9 @@ def _resolve_paths(sc: "Scenario", scenario_path: Path) -> None:
         value = getattr(holder, key)
         if value and not Path(value).is_absolute():
             setattr(holder, key, str(base / value))
+    app = sc.algorithm.flower.app  # so is a Flower app directory
+    if app and not Path(app).is_absolute() and (base / app).is_dir():
+        sc.algorithm.flower.app = str((base / app).resolve())
 
 
 __all__ = ["Scenario", "ScenarioError", "load_scenario"]

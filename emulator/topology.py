@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
-from node.processes import server_main, warmup_main
+from node.processes import flower_server_main, server_main, warmup_main
 from .network import SERVER, Link
 from .results import RingRounds
 from .world import World
@@ -63,6 +63,14 @@ class Topology:
 
 class Star(Topology):
     name = "star"
+
+    def server_process(self, endpoint, parent_pid, saved):
+        if self.world.flower is None:
+            return super().server_process(endpoint, parent_pid, saved)
+        return ("server", "server", flower_server_main, (endpoint, self.world.flower[0], self.client_names, 1, parent_pid))
+
+    def host_config(self):
+        return self.world.client if self.world.flower is None else self.world.flower[1]
 
 
 class Ring(Topology):

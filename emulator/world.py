@@ -26,7 +26,7 @@ from node.server import ServerConfig
 from . import devices as dev_model
 from .links import INF, Framing
 from .network import Fault, Link
-from .scenario import Scenario, ScenarioError
+from .scenario import FLOWER, Scenario, ScenarioError
 from .transport import TcpParams
 
 
@@ -70,6 +70,7 @@ class World:
     flow_solver: str = "scratch"  # network.flow_solver
     group_queue_s: dict[str, float] = field(default_factory=dict)  # topology ring: the gossip configuration (no server process)
     edges: list[EdgeInfo] = field(default_factory=list)  # topology hierarchical: the edge aggregators (server is the cloud)
+    flower: tuple | None = None  # algorithm flower: (FlowerServerConfig, FlowerClientConfig)
 
 
 def mix_counts(shares: list[float], total: int) -> list[int]:
@@ -210,6 +211,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
                           cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names))
     ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
+    flower = _flower(sc, server) if alg.name == FLOWER else None
     edges: list[EdgeInfo] = []
     if sc.topology == "hierarchical":
         edges = _edges(sc, clients, server, group_of)
@@ -223,6 +225,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
         faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
         tcp=_tcp_params(sc), group_queue_s=group_queue_s, edges=edges, flow_solver=sc.network.flow_solver,
+        flower=flower,
     )
 
 
@@ -322,10 +325,35 @@ def _partition(sc: Scenario, labels: np.ndarray, rng: np.random.Generator, key: 
 def _strategy(sc: Scenario) -> Strategy:
     """The star algorithm, built by name from its own options (a ring has no server: FedAvg, unused)."""
     alg = sc.algorithm
-    if sc.topology == "ring":
+    if sc.topology == "ring" or alg.name == FLOWER:  # no strategy of ours runs
         return FedAvg()
     cls = strategy_class(alg.name)
     return cls(getattr(alg, cls.options_key).model_dump() if cls.options_key != "options" else alg.options, seed=sc.seed)
+
+
+def _flower(sc: Scenario, server: ServerConfig) -> tuple:
+    """The Flower app's server and client configuration; its components are loaded here once, so
+    that a missing extra, module or object is an error before any process starts."""
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("flwr") is None:
+        raise ScenarioError("algorithm.name flower: Flower is not installed (pip install -e '.[flower]')")
+    from node.flower.app import FlowerAppError, load_component, read_app  # noqa: PLC0415
+    from node.flower.client import FlowerClientConfig  # noqa: PLC0415
+    from node.flower.server import FlowerServerConfig  # noqa: PLC0415
+
+    spec, alg = sc.algorithm.flower, sc.algorithm
+    try:
+        ref = read_app(spec.app or spec.server_app or "", spec.server_app, spec.client_app, dict(spec.run_config))
+        load_component(ref, "server")
+        load_component(ref, "client")
+    except FlowerAppError as exc:
+        raise ScenarioError(f"algorithm.flower: {exc}") from None
+    timeout = spec.timeout_s if spec.timeout_s is not None else sc.round.timeout_s
+    return (FlowerServerConfig(ref, server.down_codec, sc.seed, server.aggregate_s, timeout, spec.samples_metric,
+                               spec.metrics.model_dump()),
+            FlowerClientConfig(ref, alg.codec.up.build(), sc.seed, sc.population.clients, alg.local_epochs, alg.batch_size,
+                               spec.samples_metric, spec.samples))
 
 
 def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> RingConfig:

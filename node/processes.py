@@ -39,6 +39,10 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
     if isinstance(cfg, RingConfig):
         evaluator = Evaluator(task)
         actors = [RingClientActor(profile, task, cfg, evaluator) for profile in clients]
+    elif type(cfg).__name__ == "FlowerClientConfig":  # the flower extra: imported only where it is used
+        from .flower.client import make_client_actors  # noqa: PLC0415
+
+        actors = make_client_actors(clients, cfg)
     else:
         trainer = Trainer(task, cfg.cohort)
         actors = [ClientActor(profile, trainer, cfg) for profile in clients]
@@ -59,6 +63,15 @@ def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task:
     server = (AsyncServer if cfg.strategy.asynchronous else ServerActor)(cfg, client_names, task)
     aggregators = [EdgeServer(e.name, e.server, e.clients, task, e.edge_rounds, e.cloud_codec) for e in edges or []]
     Runtime("server", endpoint, [server, *aggregators], parent_pid, restore).run()
+
+
+def flower_server_main(endpoint: str, cfg, client_names: list[str], threads: int, parent_pid: int) -> None:
+    """The server process of a Flower app: its ServerApp runs in a thread of the server actor."""
+    from .flower.server import FlowerServerActor  # noqa: PLC0415
+
+    detach_from_terminal_signals(parent_pid, "server")
+    torch.set_num_threads(threads)
+    Runtime("server", endpoint, [FlowerServerActor(cfg, client_names)], parent_pid).run()
 
 
 def warmup_main(endpoint: str, cfg: RingConfig, task: TaskSpec, aggregate_s: float, threads: int, parent_pid: int) -> None:
