@@ -402,6 +402,8 @@ class FlowerSpec(Strict):
                                                            "client's own sample count")
     timeout_s: Optional[float] = Field(None, gt=0, description="caps the app's own timeouts, read as emulated seconds")
     metrics: FlowerMetrics = Field(default_factory=FlowerMetrics)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "WARNING", description="Flower's own log (logger flwr) in the server and host processes; INFO shows its rounds")
 
 
 class Algorithm(Strict):

@@ -4,6 +4,7 @@ app, charges the emulated compute time from its device model for the samples the
 and sends the reply's arrays back through the upload codec."""
 from __future__ import annotations
 
+import logging
 import random
 import time
 import traceback
@@ -33,6 +34,7 @@ class FlowerClientConfig:
     batch_size: int = 32
     samples_metric: str = "num-examples"
     samples: int | None = None  # charged when a reply reports no samples; None: the client's own count
+    log_level: str = "WARNING"  # Flower's logger in this process
 
 
 class FlowerClientActor:
@@ -109,5 +111,6 @@ class FlowerClientActor:
 
 
 def make_client_actors(profiles: list[ClientProfile], cfg: FlowerClientConfig) -> list[FlowerClientActor]:
+    logging.getLogger("flwr").setLevel(cfg.log_level)
     app = load_component(cfg.app, "client")
     return [FlowerClientActor(p, cfg, app) for p in profiles]

@@ -5,6 +5,7 @@ is a row of rounds.csv: its train messages are the selected clients, and the rep
 averaged with the weights Flower's strategies use (the samples metric)."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ class FlowerServerConfig:
     samples_metric: str = "num-examples"
     metrics: dict[str, str] = field(default_factory=lambda: {"train_loss": "train_loss", "accuracy": "eval_acc",
                                                               "test_loss": "eval_loss"})
+    log_level: str = "WARNING"  # Flower's logger in this process
 
 
 @dataclass
@@ -60,6 +62,7 @@ class FlowerServerActor:
 
         from .grid import AppThread  # noqa: PLC0415
 
+        logging.getLogger("flwr").setLevel(cfg.log_level)
         self.cfg = cfg
         self.clients = list(clients)
         self.node_of = {name: NODE_ID_BASE + i for i, name in enumerate(self.clients)}

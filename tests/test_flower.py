@@ -1,0 +1,182 @@
+"""Flower apps under the emulator (the flower extra): records on the wire, finding an app, and the
+example app run with 10 clients for 3 rounds, whose Flower FedAvg aggregate must be the weighted
+average of what the clients sent, whose transfers carry exactly the model's bytes, and where a
+client that goes offline mid-round is simply absent from the replies."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, needs_mnist, read_csv, link_bytes, run_cli, write_scenario
+
+flwr = pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict  # noqa: E402
+
+from emulator.scenario import ScenarioError, load_scenario  # noqa: E402
+from node.channel import Channel  # noqa: E402
+from node.flower.app import FlowerAppError, read_app  # noqa: E402
+from node.flower.records import RecordError, decode_content, encode_content  # noqa: E402
+from protocol.codecs import make_codec  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "flower_quickstart"
+NET_PARAMS = 8 * 25 + 8 + 16 * 8 * 25 + 16 + 256 * 64 + 64 + 64 * 10 + 10  # the example's CNN: 20,522
+
+
+def _content() -> RecordDict:
+    return RecordDict({"arrays": ArrayRecord({"w": Array(np.linspace(-1, 1, 600, dtype=np.float32).reshape(20, 30)),
+                                              "steps": Array(np.array([7, 9], dtype=np.int64))}),
+                       "config": ConfigRecord({"lr": 0.05, "name": "x", "on": True, "ks": [1, 2]}),
+                       "metrics": MetricRecord({"num-examples": 12, "loss": 0.5})})
+
+
+def test_records_cross_the_wire_with_exact_payload_bytes():
+    wire = encode_content(_content(), Channel(make_codec("fp32")), np.random.default_rng(0))
+    assert (wire.payload_bytes, wire.fp32_bytes) == (600 * 4 + 2 * 8, 600 * 4 + 2 * 8)
+    back = decode_content(wire.body, [bytes(memoryview(f)) for f in wire.frames])
+    np.testing.assert_array_equal(back["arrays"]["w"].numpy(), _content()["arrays"]["w"].numpy())
+    np.testing.assert_array_equal(back["arrays"]["steps"].numpy(), [7, 9])
+    assert dict(back["config"]) == {"lr": 0.05, "name": "x", "on": True, "ks": [1, 2]}
+    assert dict(back["metrics"]) == {"num-examples": 12, "loss": 0.5}
+
+
+def test_the_run_codec_applies_to_flower_arrays():
+    channel = Channel(make_codec({"name": "int", "bits": 8}))
+    wire = encode_content(_content(), channel, np.random.default_rng(0))
+    assert wire.payload_bytes < 600 + 64 + 16  # 8 bits a value (plus its scale), the int64 array raw
+    assert wire.fp32_bytes == 600 * 4 + 16 and channel.stats.messages == 0
+    wire.commit()
+    assert channel.stats.messages == 1 and channel.stats.payload_bytes == wire.payload_bytes
+    back = decode_content(wire.body, [bytes(memoryview(f)) for f in wire.frames])
+    assert np.abs(back["arrays"]["w"].numpy() - _content()["arrays"]["w"].numpy()).max() < 2 / 255 + 1e-6
+
+
+def test_a_body_that_does_not_decode_is_named():
+    with pytest.raises(RecordError, match="frames left over"):
+        decode_content({"arrays": [], "configs": {}, "metrics": {}}, [b"x"])
+    with pytest.raises(RecordError, match="without"):
+        decode_content({"configs": {}}, [])
+
+
+def test_an_app_is_found_as_flwr_run_finds_it(tmp_path):
+    ref = read_app(str(EXAMPLE), None, None, {"num-server-rounds": 7})
+    assert (ref.server, ref.client) == ("flower_quickstart.server_app:app", "flower_quickstart.client_app:app")
+    assert ref.run_config["num-server-rounds"] == 7 and ref.run_config["lr"] == 0.05
+    with pytest.raises(FlowerAppError, match=r"\['nope'\] are not keys of the app's"):
+        read_app(str(EXAMPLE), None, None, {"nope": 1})
+    (tmp_path / "pyproject.toml").write_text("[tool.flwr.app.components]\nserverapp = 'a:b'\n")
+    with pytest.raises(FlowerAppError, match="must name serverapp and clientapp"):
+        read_app(str(tmp_path), None, None, {})
+    with pytest.raises(FlowerAppError, match="neither a directory"):
+        read_app(str(tmp_path / "missing"), None, None, {})
+
+
+BASE = """
+name: fl
+seed: 4
+rounds: 3
+task: {{dataset: mnist, model: mlp, partition: {{kind: iid}}}}
+population:
+  clients: 10
+  hosts: 2
+  devices: [{{name: d, share: 1.0, ms_per_sample: 2.0}}]
+  links:
+    - {{name: fast, share: 0.5, up_mbps: 20, down_mbps: 50, latency_ms: 10}}
+    - {{name: slow, share: 0.5, up_mbps: 5, down_mbps: 10, latency_ms: 40}}
+{extra}server: {{link: {{up_mbps: null, down_mbps: null, latency_ms: 0}}}}
+algorithm:
+  name: flower
+  local_epochs: 1
+  flower:
+    app: {app}
+    server_app: {server_app}
+    run_config: {{num-server-rounds: 3, fraction-train: 1.0, fraction-evaluate: 0.5, min-nodes: 4, max-examples: 100}}
+    timeout_s: 30
+"""
+
+
+def test_scenario_errors_name_the_key(tmp_path):
+    for extra, message in (("topology: ring\n", "runs algorithm.name fibfl"),
+                           ("run: {checkpoint_every: 1}\n", "run.checkpoint_every: a Flower app's state")):
+        path = write_scenario(tmp_path / "s.yaml", extra + BASE.format(extra="", app=EXAMPLE, server_app="null"))
+        with pytest.raises(ScenarioError, match=message):
+            load_scenario(path)
+    path = write_scenario(tmp_path / "s.yaml", BASE.format(extra="", app=EXAMPLE, server_app="null").replace(
+        f"    app: {EXAMPLE}\n", ""))
+    with pytest.raises(ScenarioError, match="algorithm: flower.app: name the Flower app"):
+        load_scenario(path)
+
+
+T_OFF = 0.5  # c0003 goes offline while it trains in round 1
+
+
+@needs_mnist
+def test_the_example_app_runs_with_flower_fedavg_exact_bytes_and_an_absent_client(tmp_path):
+    trace = {str(i): {"active": [0], "inactive": [T_OFF] if i == 3 else [], "finish_time": 1e6} for i in range(10)}
+    (tmp_path / "behaviour.json").write_text(json.dumps(trace))
+    text = BASE.format(extra="  availability: {kind: trace, trace: behaviour.json}\n", app=EXAMPLE,
+                       server_app="tests.flower_probe:app")
+    path = write_scenario(tmp_path / "s.yaml", text)
+    probe = tmp_path / "round1.npz"
+    env = {**os.environ, "FLOWER_PROBE_OUT": str(probe)}
+    res = subprocess.run([sys.executable, "-m", "emulator", "run", str(path), "--out", str(tmp_path / "out"), "--quiet"],
+                         capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+
+    # Flower's FedAvg aggregate of round 1 is the num-examples weighted average of the replies
+    saved = np.load(probe)
+    assert sorted(saved["nodes"].tolist()) == [1000 + i for i in range(10) if i != 3]  # c0003 is absent
+    weights = saved["examples"].astype(np.float64)
+    names = sorted({k.split("/", 1)[1] for k in saved.files if k.startswith("aggregate/")})
+    assert len(names) == 8
+    for name in names:
+        replies = np.stack([saved[f"reply{k}/{name}"].astype(np.float64) for k in range(len(weights))])
+        expected = np.tensordot(weights / weights.sum(), replies, axes=1)
+        np.testing.assert_allclose(saved[f"aggregate/{name}"], expected, rtol=1e-5, atol=1e-7)
+
+    # exact bytes: every model is the CNN's fp32 arrays; an evaluation reply carries metrics only
+    transfers = read_csv(out / "transfers.csv")
+    for tr in transfers:
+        payload, wire = int(tr["payload_bytes"]), int(tr["wire_bytes"])
+        if tr["outcome"] != "ok":
+            continue
+        is_eval_reply = tr["kind"] == "update" and payload == 0
+        assert payload == (0 if is_eval_reply else NET_PARAMS * 4), tr
+        assert 0 < wire - payload < 2048, tr  # envelope, Flower's metadata and records, codec header
+        assert int(tr["link_bytes"]) == link_bytes(wire)
+    tasks = [t for t in transfers if t["kind"] == "task" and t["round"] == "0"]
+    assert len([t for t in tasks if t["dst"] != "c0003"]) >= 9 + 4  # every client trains, then half evaluate
+
+    rows = read_csv(out / "rounds.csv")
+    assert [(r["selected"], r["completed"], r["failed"]) for r in rows][0] == ("10", "9", "1")
+    assert all(r["accuracy"] and r["train_loss"] for r in rows)
+    first = {r["client"]: r["outcome"] for r in read_csv(out / "clients.csv") if r["round"] == "0"}
+    assert first["c0003"] == "dropped_offline" and list(first.values()).count("ok") == 9
+    # the deadline (FedAvg's 3600 s, capped by algorithm.flower.timeout_s at 30 emulated s) closed round 1
+    assert float(rows[0]["t_end"]) == pytest.approx(30.0, abs=1.0)
+
+
+@needs_mnist
+def test_the_shipped_flower_scenario_validates():
+    res = run_cli("validate", "scenarios/flower_edge.yaml", timeout=120)
+    assert res.returncode == 0 and "ok (20 clients, 5 rounds)" in res.stdout, res.stderr
+
+
+@needs_mnist
+def test_a_server_app_that_raises_fails_the_run_with_its_traceback(tmp_path):
+    path = write_scenario(tmp_path / "s.yaml", BASE.format(extra="", app=EXAMPLE, server_app="tests.flower_probe:broken"))
+    res = run_cli("run", str(path), "--out", str(tmp_path / "out"), "--quiet", timeout=300)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "the server actor raised an exception: RuntimeError: the app's own bug" in res.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert any("RuntimeError: the app's own bug" in str(i.get("error")) for i in summary["incidents"])
