@@ -683,6 +683,9 @@ class Scenario(Strict):
             if self.run.checkpoint_every is not None:
                 raise ValueError("run.checkpoint_every: a Flower app's state lives in its own Python objects; "
                                  "it cannot be checkpointed")
+            if self.selection.policy not in ("random", "resource_aware"):
+                raise ValueError(f"selection.policy: a Flower strategy samples its own nodes; {self.selection.policy} "
+                                 "does not apply (resource_aware's thresholds do: they filter the Grid's nodes)")
             for key, default in (("privacy", "none"), ("schedule", "static")):
                 value = self.algorithm.privacy.mechanism if key == "privacy" else self.algorithm.quantization.schedule
                 if value != default:

@@ -180,3 +180,25 @@ def test_a_server_app_that_raises_fails_the_run_with_its_traceback(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert any("RuntimeError: the app's own bug" in str(i.get("error")) for i in summary["incidents"])
+
+
+@needs_mnist
+def test_with_check_in_the_grid_offers_only_clients_that_checked_in(tmp_path):
+    trace = {str(i): {"active": [1e5] if i == 3 else [0], "inactive": [], "finish_time": 1e6} for i in range(10)}
+    (tmp_path / "behaviour.json").write_text(json.dumps(trace))
+    text = BASE.format(extra="  availability: {kind: trace, trace: behaviour.json}\n", app=EXAMPLE, server_app="null")
+    text = text.replace("rounds: 3", "rounds: 2").replace("num-server-rounds: 3", "num-server-rounds: 2")
+    path = write_scenario(tmp_path / "s.yaml", text + "selection: {checkin: true, clients_per_round: 10}\n")
+    res = run_cli("run", str(path), "--out", str(tmp_path / "out"), "--quiet", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    transfers = read_csv(tmp_path / "out" / "transfers.csv")
+    checkins = {t["src"] for t in transfers if t["kind"] == "checkin"}
+    assert checkins == {f"c{i:04d}" for i in range(10) if i != 3}
+    tasks = [t for t in transfers if t["kind"] == "task"]
+    assert tasks and all(t["dst"] != "c0003" for t in tasks)  # offline from the start: never a node of the Grid
+    rows = read_csv(tmp_path / "out" / "rounds.csv")
+    # FedAvg found no node at t = 0 (no check-in had arrived), so it polled with time.sleep(1), which
+    # runs in emulated seconds, until min-nodes (4) had checked in; by round 2 all 9 had
+    assert [(r["selected"], r["completed"]) for r in rows] == [("4", "4"), ("9", "9")]
+    start = float(rows[0]["t_start"])
+    assert start >= 1.0 and start == int(start)

@@ -35,6 +35,7 @@ class FlowerClientConfig:
     samples_metric: str = "num-examples"
     samples: int | None = None  # charged when a reply reports no samples; None: the client's own count
     log_level: str = "WARNING"  # Flower's logger in this process
+    checkin: bool = False  # say so to the server when the device comes online (and with every reply)
 
 
 class FlowerClientActor:
@@ -51,7 +52,12 @@ class FlowerClientActor:
                                state=RecordDict(), run_config=dict(cfg.app.run_config))
         self.up = Channel(cfg.up_codec, side="client")
 
+    def status(self, msg: Delivery) -> dict[str, Any]:
+        return {**(msg.device or {}), "samples": int(self.profile.indices.size), "ms_per_sample": self.profile.ms_per_sample}
+
     def react(self, msg: Delivery) -> Reaction:
+        if msg.kind == "online" and self.cfg.checkin:
+            return Reaction(sends=[Send("server", "checkin", -1, self.status(msg))])
         if msg.kind != "task" or "flower" not in msg.body:
             return Reaction()
         head = msg.body["flower"]
@@ -60,7 +66,8 @@ class FlowerClientActor:
         def run_app():
             """The app in wall time; the emulated time it costs is known only from what it reports,
             so it is charged after (from the task's instant, which the clock has not left)."""
-            reply_head: dict[str, Any] = {"reply_to": head["id"], "type": head["type"], "ttl": head["ttl"]}
+            reply_head: dict[str, Any] = {"reply_to": head["id"], "type": head["type"], "ttl": head["ttl"],
+                                          **({"status": self.status(msg)} if self.cfg.checkin else {})}
             frames: list = []
             payload = fp32 = 0
             samples = None

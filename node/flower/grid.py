@@ -8,7 +8,9 @@ from __future__ import annotations
 import itertools
 import queue
 import random
+import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -26,6 +28,7 @@ class Wait:
     every: bool
     timeout_s: float | None
     pushed: list[Message] = field(default_factory=list)  # messages pushed since the last wait, to send now
+    sleep: bool = False  # the app slept: wait out timeout_s whatever arrives
 
 
 @dataclass
@@ -84,6 +87,10 @@ class EmulatedGrid(Grid):
         wait.pushed, self._pushed = self._pushed, []
         self._replies.update(self._hand_over(wait))
 
+    def sleep(self, seconds: float) -> None:
+        """The app's time.sleep, in emulated seconds (Flower's strategies poll for nodes with it)."""
+        self._wait(Wait([], every=False, timeout_s=max(0.0, float(seconds)), sleep=True))
+
     def take_pushed(self) -> list[Message]:
         pushed, self._pushed = self._pushed, []
         return pushed
@@ -104,6 +111,28 @@ def set_task_identity(node_id: int) -> None:
     TaskIdentity.node_id = node_id
 
 
+def emulate_sleep(thread: threading.Thread, sleep: Callable[[float], None]) -> None:
+    """time.sleep in `thread` becomes `sleep` (emulated seconds); elsewhere it stays as it was.
+    Modules that took `from time import sleep` (flwr's among them) are given the same function.
+    Only the server process, which runs the ServerApp, does this."""
+    original = getattr(time.sleep, "__wrapped__", time.sleep)
+
+    def routed(seconds: float) -> None:
+        if threading.current_thread() is thread:
+            sleep(seconds)
+        else:
+            original(seconds)
+
+    routed.__wrapped__ = original  # type: ignore[attr-defined]
+    time.sleep = routed
+    for module in list(sys.modules.values()):
+        if getattr(module, "sleep", None) is original:
+            try:
+                module.sleep = routed
+            except (AttributeError, TypeError):
+                pass
+
+
 class AppThread:
     """main(grid, context) in a thread that runs only between advance() and its next wait."""
 
@@ -114,6 +143,7 @@ class AppThread:
         self._thread = threading.Thread(target=self._main, args=(server_app, context, seed), name="flower-serverapp",
                                         daemon=True)
         self._started = False
+        emulate_sleep(self._thread, self.grid.sleep)
 
     def advance(self, replies: dict[str, Message] | None = None) -> Wait | Finished:
         """Let the app run (with these replies, when it waits for some) until it waits again or ends."""

@@ -15,6 +15,7 @@ import numpy as np
 from protocol.codecs import Codec
 from ..actor import Message as Delivery, Reaction, Send
 from ..channel import Channel
+from ..strategy import eligible
 from .app import FlowerAppRef, load_component
 from .records import decode_content, encode_content
 
@@ -34,6 +35,9 @@ class FlowerServerConfig:
     metrics: dict[str, str] = field(default_factory=lambda: {"train_loss": "train_loss", "accuracy": "eval_acc",
                                                               "test_loss": "eval_loss"})
     log_level: str = "WARNING"  # Flower's logger in this process
+    checkin: bool = False  # the Grid's nodes are the clients that checked in (and meet the selection's thresholds)
+    selection: str = "random"  # resource_aware: those thresholds apply
+    selection_params: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,6 +72,8 @@ class FlowerServerActor:
         self.node_of = {name: NODE_ID_BASE + i for i, name in enumerate(self.clients)}
         self.client_of = {node: name for name, node in self.node_of.items()}
         self.down: set[str] = set()
+        # who a node list offers, with their last reported status; without check-in, every client
+        self.pool: dict[str, dict[str, Any]] = {} if cfg.checkin else {c: {} for c in self.clients}
         context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                           run_config=dict(cfg.app.run_config))
         self.app = AppThread(load_component(cfg.app, "server"), context, self._node_ids, cfg.seed)
@@ -83,13 +89,18 @@ class FlowerServerActor:
         self.rounds_with_clients = 0
 
     def _node_ids(self) -> list[int]:
-        return [self.node_of[c] for c in self.clients if c not in self.down]
+        """The nodes a ServerApp sees: online as far as the server knows (not lost; with check-in,
+        checked in since it was last given work, and meeting selection.* thresholds)."""
+        pool = {c: status for c, status in self.pool.items() if c not in self.down}
+        return [self.node_of[c] for c in eligible(self.cfg.selection, pool, **self.cfg.selection_params)]
 
     # ---- reactions --------------------------------------------------------------------------
     def react(self, msg: Delivery) -> Reaction:
         if msg.kind == "start":
             return self._resume(msg.t)
-        if msg.kind == "update":
+        if msg.kind == "checkin":
+            self.pool[msg.src] = {**msg.body, "checkin_t": msg.t}
+        elif msg.kind == "update":
             self._on_reply(msg)
         elif msg.kind == "peer_down":
             self.down.update(a for a in msg.body.get("actors", []) if a in self.node_of)
@@ -119,10 +130,14 @@ class FlowerServerActor:
             reply = Message(metadata=metadata, content=content)
             metrics = {k: v for record in content.metric_records.values() for k, v in record.items()}
         group.replied[asked] = {"t": msg.t, "metrics": metrics, "error": head.get("error")}
+        if self.cfg.checkin and isinstance(head.get("status"), dict):  # reporting back is a check-in
+            self.pool[msg.src] = {**head["status"], "checkin_t": msg.t}
         self.arrived[asked] = reply
 
     def _satisfied(self) -> bool:
         wait = self.waiting
+        if wait.sleep:
+            return False
         live = [i for i in wait.ids if self.message_group[i].sent[i][0] not in self.down or i in self.arrived]
         have = [i for i in wait.ids if i in self.arrived]
         return len(have) == len(live) if wait.every else bool(have) or not live
@@ -158,6 +173,8 @@ class FlowerServerActor:
             meta = message.metadata
             group = self.current
             client = self.client_of[meta.dst_node_id]
+            if self.cfg.checkin:  # given work: it checks in again when it is done or comes back
+                self.pool.pop(client, None)
             group.sent[meta.message_id] = (client, meta.message_type)
             self.message_group[meta.message_id] = group
             wire.commit()
@@ -177,7 +194,9 @@ class FlowerServerActor:
         self.wait_seq += 1
         timers = []
         limits = [x for x in (step.timeout_s, self.cfg.timeout_s) if x is not None]
-        if limits and step.every:
+        if step.sleep:
+            timers.append((t + step.timeout_s, f"deadline:{self.wait_seq}"))
+        elif limits and step.every:
             timers.append((t + min(limits), f"deadline:{self.wait_seq}"))
         if self._satisfied():  # nothing to wait for (no ids, or every addressee is gone)
             follow = self._resume(t)
