@@ -1,5 +1,6 @@
 """Whole runs as real processes: determinism, learning, validation errors."""
 import csv
+import importlib.util
 import json
 
 import psutil
@@ -150,6 +151,8 @@ def test_validate_command_accepts_good_and_sets(tmp_path):
 def test_every_shipped_scenario_validates():
     shipped = sorted(REPO.glob("scenarios/*.yaml")) + sorted(REPO.glob("scenarios/paper/*.yaml"))
     shipped = [p for p in shipped if p.name != "profiles.yaml"]  # CIFAR-10 ones: schema only where its data is missing
+    if importlib.util.find_spec("flwr") is None:  # the flower extra: tests/test_flower.py validates it where installed
+        shipped = [p for p in shipped if p.name != "flower_edge.yaml"]
     assert len(shipped) >= 8
     for path in shipped:
         res = run_cli("validate", str(path))
