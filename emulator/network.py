@@ -164,6 +164,7 @@ class Network:
         self.holds = Holds()
         self._outbox: list[bytes] = []
         self._to_peers: list[tuple[str, bytes]] = []  # heartbeat answers
+        self.zap: ZapHandler | None = None  # with cfg.listen: who may connect over TCP (see run)
         self._answer_records: list[tuple[int, bytes]] = []  # see _on_done
         self.events = 0  # events processed: the network's work, for benchmarks
         self.hold_ids = itertools.count()
@@ -789,7 +790,6 @@ class Network:
         sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_message_bytes)
         sock.bind(self.cfg.endpoint)
         self._outbox: list[bytes] = []
-        self.zap = None
         if self.cfg.listen:
             self.zap = ZapHandler(ctx, self.cfg.run_keys.hosts, "network")
             # security options apply to the endpoints bound after them: the local ipc one stays plain
