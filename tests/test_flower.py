@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, needs_mnist, read_csv, link_bytes, run_cli, write_scenario
+from test_integration_exact import tcp_transfer_time
 
 flwr = pytest.importorskip("flwr", reason="the flower extra is not installed (pip install -e '.[flower]')")
 
@@ -155,6 +156,16 @@ def test_the_example_app_runs_with_flower_fedavg_exact_bytes_and_an_absent_clien
         assert int(tr["link_bytes"]) == link_bytes(wire)
     tasks = [t for t in transfers if t["kind"] == "task" and t["round"] == "0"]
     assert len([t for t in tasks if t["dst"] != "c0003"]) >= 9 + 4  # every client trains, then half evaluate
+    # and exact times: each client's first download is TCP slow start on its own link by hand
+    link_of = {r["client"]: r["link"] for r in read_csv(out / "population.csv")}
+    first = {}
+    for t in tasks:
+        first.setdefault(t["dst"], t)
+    assert len(first) == 10
+    for client, t in first.items():
+        rate, one_way = (50e6, 0.010) if link_of[client] == "fast" else (10e6, 0.040)
+        expected = tcp_transfer_time(int(t["link_bytes"]) * 8, rate, one_way)
+        assert float(t["t_end"]) - float(t["t_start"]) == pytest.approx(expected, abs=1e-9), client
 
     rows = read_csv(out / "rounds.csv")
     assert [(r["selected"], r["completed"], r["failed"]) for r in rows][0] == ("10", "9", "1")
