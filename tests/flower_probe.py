@@ -36,5 +36,5 @@ broken = ServerApp()
 
 @broken.main()
 def crash(grid: Grid, context: Context) -> None:
-    list(grid.get_node_ids())
+    assert grid.run.run_id == context.run_id == 1 and len(list(grid.get_node_ids())) == 10
     raise RuntimeError("the app's own bug")

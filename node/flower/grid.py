@@ -44,7 +44,7 @@ class EmulatedGrid(Grid):
         self._pushed: list[Message] = []
         self._replies: dict[str, Message] = {}  # arrived and not yet pulled
         self._ids = itertools.count()
-        self._run: Any = None
+        self._run: Any = empty_run()
 
     # -- Grid --------------------------------------------------------------------------------
     def set_run(self, run: Any) -> None:
@@ -97,6 +97,17 @@ class EmulatedGrid(Grid):
 
 
 RUN_ID, SUPERLINK_NODE_ID = 1, 1  # one run; 1 is the SuperLink's node id in Flower
+
+
+def empty_run() -> Any:
+    """Flower's Run record for `grid.run` (its module moved between releases; None where unknown)."""
+    for module in ("flwr.supercore.run", "flwr.common.typing"):
+        try:
+            run_class = getattr(__import__(module, fromlist=["Run"]), "Run")
+            return run_class.create_empty(RUN_ID)
+        except (ImportError, AttributeError, TypeError):
+            continue
+    return None
 
 
 def set_task_identity(node_id: int) -> None:
