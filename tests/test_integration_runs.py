@@ -7,6 +7,8 @@ import psutil
 import pytest
 
 from conftest import REPO, needs_fashion_mnist, needs_mnist, run_cli, write_scenario
+from emulator.scenario import ScenarioError, load_scenario
+from emulator.world import build_world, load_task
 
 SYNTH = """
 name: det
@@ -154,9 +156,15 @@ def test_every_shipped_scenario_validates():
     if importlib.util.find_spec("flwr") is None:  # the flower extra: tests/test_flower.py validates it where installed
         shipped = [p for p in shipped if p.name != "flower_edge.yaml"]
     assert len(shipped) >= 8
+    # what `validate` does (tests above run the command itself), in this process: a fresh
+    # interpreter per scenario cost more than the checks
     for path in shipped:
-        res = run_cli("validate", str(path))
-        assert res.returncode == 0, f"{path}: {res.stderr}"
+        sc, _ = load_scenario(path)
+        try:
+            task = load_task(sc)
+        except ScenarioError:  # its data set is not here (CIFAR-10): the schema is what can be checked
+            continue
+        build_world(sc, task)
 
 
 @needs_fashion_mnist
