@@ -12,7 +12,7 @@ from conftest import children_by_name, rounds_done, start_run, wait_for_rounds, 
 SLOW = """
 name: faults
 seed: 2
-rounds: 40
+rounds: 16
 task:
   dataset: synthetic
   model: mnist_cnn
@@ -49,7 +49,7 @@ def test_sigkill_host_mid_run_run_finishes_and_says_so(tmp_path):
     assert proc.returncode == 0, stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed"
-    assert summary["rounds_completed"] == 40
+    assert summary["rounds_completed"] == 16
     assert any("host1" in i["what"] and "signal 9" in i["what"] for i in summary["incidents"])
     with open(out / "rounds.csv") as f:
         rows = list(csv.DictReader(f))
@@ -84,5 +84,5 @@ def test_sigint_stops_everything_within_5s_and_keeps_finished_rounds(tmp_path):
     assert alive == []
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted"
-    assert 1 <= summary["rounds_completed"] < 40
+    assert 1 <= summary["rounds_completed"] < 16
     assert rounds_done(out) == summary["rounds_completed"]

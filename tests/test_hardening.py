@@ -124,7 +124,7 @@ def test_a_run_under_attack_gives_exactly_the_results_of_an_undisturbed_one(tmp_
     assert "refused_messages" not in json.loads((quiet / "summary.json").read_text())
 
 
-STOPPABLE = RUN.replace("rounds: 12", "rounds: 30").replace("eval: {every: 0}", "eval: {every: 0}\nrun: {peer_timeout_s: 3}")
+STOPPABLE = RUN.replace("rounds: 12", "rounds: 14").replace("eval: {every: 0}", "eval: {every: 0}\nrun: {peer_timeout_s: 3}")
 
 
 def test_a_stopped_host_is_declared_lost_and_the_run_completes(tmp_path):
@@ -141,7 +141,7 @@ def test_a_stopped_host_is_declared_lost_and_the_run_completes(tmp_path):
             proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["rounds_completed"] == 30
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 14
     lost = [i for i in summary["incidents"] if i.get("process") == "host1"]
     assert len(lost) == 1, summary["incidents"]
     incident = lost[0]
