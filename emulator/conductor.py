@@ -322,7 +322,7 @@ class Conductor:
     def _open_lobby(self, ctx: zmq.Context, world: World, listen: str, run_keys, host_key_file: Path | None,
                     writer: RunWriter) -> None:
         """Open the lobby and, with the ray launcher, start the hosts that will join through it."""
-        names = [c.name for c in self.children if c.role == "host"] or sorted(self.host_clients, key=lambda n: int(n[4:]))
+        names = sorted(self.host_clients, key=lambda n: int(n.removeprefix("host")))
         timeout = self.sc.run.peer_timeout_s
         welcome = {"scenario": self.resolved, "fingerprint": world_fingerprint(world),
                    "silence_s": float(timeout if timeout is not None else DEFAULT_SILENCE_S)}

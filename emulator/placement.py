@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -314,8 +313,3 @@ def run_host_command(connect: str, key: dict, threads: int, data_root: str | Non
     finally:
         os.unlink(path)
 
-
-def wait_quietly(hosts: list[RemoteHost], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for h in hosts:
-        h.join(max(0.0, deadline - time.monotonic()))
