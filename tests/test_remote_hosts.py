@@ -19,10 +19,12 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from emulator.placement import Lobby, Placement, PlacementError, RemoteHost, network_listen
+from emulator.world import usable_cores
 from protocol import curve, envelope
 
 from conftest import REPO, needs_mnist, read_csv, run_cli, write_scenario
 
+LOCAL_THREADS = max(1, usable_cores() // 2)  # what each of 2 forked hosts trains with: the same here, for equal floats
 NS_A, NS_B = f"flemu-ta{os.getpid() % 10000}", f"flemu-tb{os.getpid() % 10000}"
 ADDR_A, ADDR_B = "10.213.9.1", "10.213.9.2"
 
@@ -320,7 +322,7 @@ def test_hosts_joining_over_tcp_give_the_local_run_results_and_strangers_are_ref
                                capture_output=True, text=True, timeout=60, cwd=REPO)
         assert rogue.returncode == 0, rogue.stderr
         hosts = [_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key", str(key_file),
-                           "--threads", "1") for _ in range(2)]
+                           "--threads", str(LOCAL_THREADS)) for _ in range(2)]
         code, _, err = _finish(conductor)
         assert code == 0, err[-3000:]
         for h in hosts:
