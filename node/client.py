@@ -40,6 +40,11 @@ class ClientProfile:
     ms_per_batch: float = 0.0  # modelled fixed cost of one training step of its device
     aggregator: str = "server"  # who it checks in with and sends its updates to (its edge, in a hierarchy)
 
+    def status(self, device: dict | None) -> dict:
+        """What the client tells its server about itself: its device's state (as the network gave
+        it with a delivery) plus its data size and speed."""
+        return {**(device or {}), "samples": int(self.indices.size), "ms_per_sample": self.ms_per_sample}
+
     def duration(self, busy_s: float, t: float, device: dict | None) -> float:
         """Emulated seconds for busy_s of full-speed compute begun at t, under the device's background
         load period by period (the load the device reported when no process is given)."""
@@ -156,17 +161,13 @@ class ClientActor(Checkpointable):
         return Channel(c.up_codec, layers=c.up_layers, schedule=c.schedule, side="client", feedback=self.feedback,
                        stats=self.up_stats)
 
-    def status(self, msg: Message) -> dict:
-        """What this client tells the server about itself: its device state plus its data size and speed."""
-        return {**(msg.device or {}), "samples": int(self.profile.indices.size), "ms_per_sample": self.profile.ms_per_sample}
-
     def react(self, msg: Message) -> Reaction:
         if msg.kind == "online":
             self.generation += 1
             if self.feedback:  # the OS ended the app while the device was away: its memory is gone
                 self.feedback.reset()
             if self.cfg.checkin:
-                return Reaction(sends=[Send(self.profile.aggregator, "checkin", -1, self.status(msg))])
+                return Reaction(sends=[Send(self.profile.aggregator, "checkin", -1, self.profile.status(msg.device))])
             return Reaction()
         if msg.kind == "task":
             return self._send_statistics(msg) if self.cfg.fedalign else self._train(msg, msg)
@@ -248,7 +249,7 @@ class ClientActor(Checkpointable):
 
             return deliver
 
-        status = self.status(now)
+        status = self.profile.status(now.device)
         busy = full_speed_seconds(self.profile.ms_per_sample, trained_on, local.epochs, local.batch_size, self.profile.ms_per_batch)
         if self.cfg.codec_time is not None:
             busy += self.cfg.codec_time.seconds(body.get("bits"), bits, self.profile.ms_per_sample)

@@ -13,12 +13,14 @@ from .lifecycle import detach_from_terminal_signals
 from .async_server import AsyncServer
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
 from .edge import EdgeServer
+from .flower.client import FlowerClientConfig, make_client_actors  # no flwr until a Flower app's actors are made
 from .ring import Evaluator, RingClientActor, RingConfig, WarmupAggregator
 from .runtime import Runtime
 from .server import ServerActor, ServerConfig
 
 
-def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig | RingConfig,
+def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec,
+              cfg: ClientConfig | RingConfig | FlowerClientConfig,
               threads: int, parent_pid: int | None, restore: list[str] | None = None, host_index: int = 0,
               secure: Callable[[zmq.Socket], None] | None = None, silence_s: float | None = None) -> None:
     """A host of client actors: star clients sharing one model, or ring clients with their own.
@@ -39,9 +41,7 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
     if isinstance(cfg, RingConfig):
         evaluator = Evaluator(task)
         actors = [RingClientActor(profile, task, cfg, evaluator) for profile in clients]
-    elif type(cfg).__name__ == "FlowerClientConfig":  # the flower extra: imported only where it is used
-        from .flower.client import make_client_actors  # noqa: PLC0415
-
+    elif isinstance(cfg, FlowerClientConfig):
         actors = make_client_actors(clients, cfg)
     else:
         trainer = Trainer(task, cfg.cohort)

@@ -20,8 +20,7 @@ from ..client import ClientProfile
 from ..compute import full_speed_seconds
 from .app import FlowerAppRef, load_component
 from .records import decode_content, encode_content
-from .grid import RUN_ID, SUPERLINK_NODE_ID, set_task_identity
-from .server import NODE_ID_BASE
+from .identity import NODE_ID_BASE, RUN_ID, SUPERLINK_NODE_ID, set_task_identity
 
 
 @dataclass
@@ -52,12 +51,9 @@ class FlowerClientActor:
                                state=RecordDict(), run_config=dict(cfg.app.run_config))
         self.up = Channel(cfg.up_codec, side="client")
 
-    def status(self, msg: Delivery) -> dict[str, Any]:
-        return {**(msg.device or {}), "samples": int(self.profile.indices.size), "ms_per_sample": self.profile.ms_per_sample}
-
     def react(self, msg: Delivery) -> Reaction:
         if msg.kind == "online" and self.cfg.checkin:
-            return Reaction(sends=[Send("server", "checkin", -1, self.status(msg))])
+            return Reaction(sends=[Send("server", "checkin", -1, self.profile.status(msg.device))])
         if msg.kind != "task" or "flower" not in msg.body:
             return Reaction()
         head = msg.body["flower"]
@@ -67,7 +63,7 @@ class FlowerClientActor:
             """The app in wall time; the emulated time it costs is known only from what it reports,
             so it is charged after (from the task's instant, which the clock has not left)."""
             reply_head: dict[str, Any] = {"reply_to": head["id"], "type": head["type"], "ttl": head["ttl"],
-                                          **({"status": self.status(msg)} if self.cfg.checkin else {})}
+                                          **({"status": self.profile.status(msg.device)} if self.cfg.checkin else {})}
             frames: list = []
             payload = fp32 = 0
             samples = None

@@ -17,11 +17,8 @@ from ..actor import Message as Delivery, Reaction, Send
 from ..channel import Channel
 from ..strategy import eligible
 from .app import FlowerAppRef, load_component
+from .identity import NODE_ID_BASE, RUN_ID, SUPERLINK_NODE_ID
 from .records import decode_content, encode_content
-
-from .grid import RUN_ID, SUPERLINK_NODE_ID  # noqa: E402  (flwr: this module is only imported with the extra)
-
-NODE_ID_BASE = 1000  # client i is Flower node 1000 + i (1 is the SuperLink's id in Flower)
 
 
 @dataclass
@@ -48,7 +45,11 @@ class Group:
     sent: dict[str, tuple[str, str]] = field(default_factory=dict)  # message id -> (client, message type)
     replied: dict[str, dict[str, Any]] = field(default_factory=dict)  # message id -> {t, metrics, error}
     t_end: float = 0.0
-    reported: bool = False
+
+
+def category(message_type: str) -> str:
+    """train, evaluate or query: Flower's message types are CATEGORY or CATEGORY.ACTION."""
+    return message_type.split(".")[0]
 
 
 def weighted(replies: list[dict[str, Any]], key: str, weight: str) -> float | None:
@@ -79,8 +80,7 @@ class FlowerServerActor:
         self.app = AppThread(load_component(cfg.app, "server"), context, self._node_ids, cfg.seed)
         self.downlink = Channel(cfg.down_codec, side="server")
         self.rng = np.random.default_rng([cfg.seed, 0xF10])
-        self.groups: dict[int, Group] = {}  # the rounds, in order
-        self.current: Group | None = None
+        self.current: Group | None = None  # the round under way (earlier ones are reported)
         self.message_group: dict[str, Group] = {}
         self.arrived: dict[str, Any] = {}  # message id -> the reply (a flwr Message), not yet handed to the app
         self.waiting: Any = None  # the app's Wait, while it waits
@@ -105,7 +105,7 @@ class FlowerServerActor:
         elif msg.kind == "peer_down":
             self.down.update(a for a in msg.body.get("actors", []) if a in self.node_of)
         elif msg.kind == "tick" and msg.body.get("tag") == f"deadline:{self.wait_seq}" and self.waiting is not None:
-            return self._resume(msg.t, timed_out=True)
+            return self._resume(msg.t)
         if self.waiting is not None and not self.running and self._satisfied():
             return self._resume(msg.t)
         return Reaction()
@@ -142,14 +142,14 @@ class FlowerServerActor:
         have = [i for i in wait.ids if i in self.arrived]
         return len(have) == len(live) if wait.every else bool(have) or not live
 
-    def _resume(self, t: float, timed_out: bool = False) -> Reaction:
+    def _resume(self, t: float) -> Reaction:
         """Run the app from here (with the replies it waited for) until it waits again or ends."""
         wait, self.waiting = self.waiting, None
         handed = {}
         if wait is not None:
             handed = {i: self.arrived.pop(i) for i in wait.ids if i in self.arrived}
-            for group in {self.message_group[i].index: self.message_group[i] for i in wait.ids}.values():
-                group.t_end = t
+            for i in wait.ids:
+                self.message_group[i].t_end = t
         self.running = True
         ready = t + self.cfg.aggregate_s
 
@@ -166,9 +166,9 @@ class FlowerServerActor:
         self.running = False
         sends, reports = [], []
         if encoded and self._new_round([m for m, _ in encoded]):
-            reports += self._close_groups(t)
-            group_id = encoded[0][0].metadata.group_id
-            self.current = self.groups[len(self.groups)] = Group(len(self.groups), group_id, t)
+            reports += self._close_current()
+            index = self.current.index + 1 if self.current is not None else 0
+            self.current = Group(index, encoded[0][0].metadata.group_id, t)
         for message, wire in encoded:
             meta = message.metadata
             group = self.current
@@ -183,7 +183,7 @@ class FlowerServerActor:
             sends.append(Send(client, "task", group.index, {"flower": head}, wire.frames, wire.payload_bytes,
                               wire.fp32_bytes))
         if isinstance(step, Finished):
-            reports += self._close_groups(t)
+            reports += self._close_current()
             if step.error:
                 reports.append({"type": "error", "actor": self.name, "error": step.error})
             reports.append({"type": "finished", "t": t, "rounds_with_clients": self.rounds_with_clients,
@@ -212,22 +212,22 @@ class FlowerServerActor:
         ids = {m.metadata.group_id for m in pushed}
         if ids - {"", self.current.group_id}:
             return True
-        return any(m.metadata.message_type.split(".")[0] == "train" for m in pushed) and \
-            any(kind.split(".")[0] == "train" for _, kind in self.current.sent.values())
+        return any(category(m.metadata.message_type) == "train" for m in pushed) and \
+            any(category(kind) == "train" for _, kind in self.current.sent.values())
 
-    def _close_groups(self, t: float) -> list[dict[str, Any]]:
-        return [self._report(g) for g in self.groups.values() if not g.reported]
+    def _close_current(self) -> list[dict[str, Any]]:
+        """The report of the round under way, which a new round or the app's end closes."""
+        return [self._report(self.current)] if self.current is not None else []
 
     def _report(self, group: Group) -> dict[str, Any]:
-        group.reported = True
-        trains = {i: v for i, v in group.sent.items() if v[1].split(".")[0] == "train"}
+        trains = {i: v for i, v in group.sent.items() if category(v[1]) == "train"}
         chosen = trains or group.sent
         ok = {i for i in chosen if i in group.replied and not group.replied[i]["error"]}
         if ok:
             self.rounds_with_clients += 1
         weight = self.cfg.samples_metric
         train_replies = [group.replied[i] for i in trains if i in ok]
-        evals = [r for i, r in group.replied.items() if group.sent[i][1].split(".")[0] == "evaluate" and not r["error"]]
+        evals = [r for i, r in group.replied.items() if category(group.sent[i][1]) == "evaluate" and not r["error"]]
         m = self.cfg.metrics
         clients = []
         for i, (client, _) in chosen.items():
