@@ -326,9 +326,7 @@ class Conductor:
         timeout = self.sc.run.peer_timeout_s
         welcome = {"scenario": self.resolved, "fingerprint": world_fingerprint(world),
                    "silence_s": float(timeout if timeout is not None else DEFAULT_SILENCE_S)}
-        if self.placement.launcher == "ray":
-            if host_key_file is None:
-                raise PlacementError("--launcher ray hands the hosts keys it makes for the run: leave out --keys")
+        if self.placement.launcher == "ray":  # (without --keys: Placement.check)
             self.lobby = Lobby(ctx, listen, run_keys, [], welcome)
             # each task is handed the host key made for this run, as its argument
             self.ray_started, procs = ray_hosts(self.placement, names, self.lobby.address_for_hosts(),
@@ -337,9 +335,9 @@ class Conductor:
         else:
             procs = [RemoteHost(name) for name in names]
             self.lobby = Lobby(ctx, listen, run_keys, list(procs), welcome)
-            self.view.note(f"waiting for {len(names)} host{'s' if len(names) != 1 else ''} at {self.lobby.endpoint}: python -m emulator host --connect "
-                           f"{self.lobby.address_for_hosts('ADDR')} --key "
-                           f"{host_key_file if host_key_file else 'HOST_KEY_FILE'}")
+            self.view.note(f"waiting for {len(names)} host{'s' if len(names) != 1 else ''} at {self.lobby.endpoint}: "
+                           f"python -m emulator host --connect {self.lobby.address_for_hosts('ADDR')} "
+                           f"--key {host_key_file or 'HOST_KEY_FILE'}")
         for proc in procs:
             self.children.append(Child(proc.name, "host", proc))
         writer.summary["placement"] = {"launcher": self.placement.launcher, "hosts": len(names), "lobby": self.lobby.endpoint,

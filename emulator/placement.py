@@ -58,6 +58,8 @@ class Placement:
             return
         if self.launcher == "remote" and not self.listen:
             raise PlacementError("--hosts remote:N needs --listen tcp://ADDR:PORT (where the hosts connect)")
+        if self.launcher == "ray" and self.keys:
+            raise PlacementError("--launcher ray hands the hosts keys it makes for the run: leave out --keys")
         if self.hosts is not None and self.hosts < 1:
             raise PlacementError(f"--hosts remote:{self.hosts}: at least one host")
         if self.listen:

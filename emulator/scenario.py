@@ -686,12 +686,11 @@ class Scenario(Strict):
             if self.selection.policy not in ("random", "resource_aware"):
                 raise ValueError(f"selection.policy: a Flower strategy samples its own nodes; {self.selection.policy} "
                                  "does not apply (resource_aware's thresholds do: they filter the Grid's nodes)")
-            for key, default in (("privacy", "none"), ("schedule", "static")):
-                value = self.algorithm.privacy.mechanism if key == "privacy" else self.algorithm.quantization.schedule
-                if value != default:
-                    raise ValueError(f"algorithm.{'privacy.mechanism' if key == 'privacy' else 'quantization.schedule'}: "
-                                     f"the core paper's pipeline is not a Flower app's (use Flower's own DP mods); "
-                                     f"leave it at {default}")
+            pipeline = "the core paper's pipeline is not a Flower app's (use Flower's own DP mods)"
+            if self.algorithm.privacy.mechanism != "none":
+                raise ValueError(f"algorithm.privacy.mechanism: {pipeline}; leave it at none")
+            if self.algorithm.quantization.schedule != "static":
+                raise ValueError(f"algorithm.quantization.schedule: {pipeline}; leave it at static")
         if self.run.checkpoint_every is not None and (self.topology == "ring" or self.clock.mode == "realtime"):
             raise ValueError("run.checkpoint_every: checkpoints are for the star topology in virtual time "
                              f"(this scenario has topology {self.topology}, clock.mode {self.clock.mode})")
