@@ -64,8 +64,9 @@ class EmulatedGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
+        nodes = set(self._node_ids())  # the pool cannot change while the app runs: once per push
         for msg in messages:
-            if msg.metadata.dst_node_id not in self._node_ids():
+            if msg.metadata.dst_node_id not in nodes:
                 continue  # not a node of this run (or gone): Flower returns no id for it either
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"  # deterministic, unlike Flower's uuid4
             self._pushed.append(msg)
