@@ -84,7 +84,6 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
     model.train()
     device = device_of(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=cfg.lr)
     loss_fn = nn.CrossEntropyLoss()
     estimate = LipschitzEstimate(cfg.lr) if cfg.estimate_lipschitz else None
     fixed = fixed_order if cfg.shuffle == "once" else None
@@ -94,7 +93,8 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
         total, squares, count = 0.0, 0.0, 0
         for position, idx in enumerate(batches(indices, cfg, rng, fixed)):
             x, y = on_device(data.batch(torch.from_numpy(idx)), device)
-            opt.zero_grad(set_to_none=True)
+            for p in params:
+                p.grad = None
             out = model(x)
             loss = loss_fn(out, y)
             with torch.no_grad():
@@ -108,11 +108,21 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
                 estimate.observe(position, flat)
             elif cfg.clip is not None:
                 clip_gradients(params, cfg.clip, cfg.clip_norm)
-            opt.step()
+            sgd_step(params, cfg.lr)
             total += float(loss.detach()) * y.numel()
             count += y.numel()
         last, last_rms = total / max(count, 1), (squares / max(count, 1)) ** 0.5
     return TrainingResult(last, estimate.value if estimate else 0.0, int(indices.size), last_rms)
+
+
+@torch.no_grad()
+def sgd_step(params: list[torch.nn.Parameter], lr: float) -> None:
+    """w <- w - lr * grad: what torch.optim.SGD does without momentum or weight decay, the same
+    op per tensor. Written out because constructing any torch.optim optimizer imports
+    torch._dynamo (and Triton), about 150 MiB in every host process."""
+    for p in params:
+        if p.grad is not None:
+            p.add_(p.grad, alpha=-lr)
 
 
 def proximal_term(params, anchor, mu: float) -> torch.Tensor:
