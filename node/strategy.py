@@ -17,27 +17,37 @@ def select_random(candidates: Sequence[str], k: int, rng: np.random.Generator) -
 class WeightedAverage:
     """Running sum of weight * state; result() is the weighted mean (FedAvg, Eq. 1.12)."""
 
+    CHUNK = 1 << 18  # elements per step of add(): its float64 scratch (2 MiB) stays in the cache
+
     def __init__(self) -> None:
         self.sums: dict[str, np.ndarray] = {}
         self.total = 0.0
-        self._scratch: dict[str, np.ndarray] = {}  # weight * value, in float64, without a new array per update
+        self._scratch = np.empty(0)
 
     def add(self, state: Mapping[str, np.ndarray], weight: float) -> None:
         for name, value in state.items():
-            if name not in self.sums:
-                self.sums[name] = np.multiply(value, weight, dtype=np.float64)
+            total = self.sums.get(name)
+            if total is None:
+                self.sums[name] = np.asarray(np.multiply(value, weight, dtype=np.float64))  # 0-d stays an array
                 continue
-            buffer = self._scratch.get(name)
-            if buffer is None or buffer.shape != self.sums[name].shape:
-                buffer = self._scratch[name] = np.empty_like(self.sums[name])
-            np.multiply(value, weight, out=buffer, dtype=np.float64)
-            self.sums[name] += buffer
+            # sums += float64(value) * weight, a chunk at a time: the same two roundings per element
+            # as the whole-array expression, without a model-sized temporary
+            flat_total, flat_value = total.reshape(-1), np.asarray(value).reshape(-1)
+            if self._scratch.size < min(self.CHUNK, flat_total.size):
+                self._scratch = np.empty(min(self.CHUNK, flat_total.size))
+            for start in range(0, flat_total.size, self.CHUNK):
+                part = slice(start, start + self.CHUNK)
+                scratch = self._scratch[:flat_total[part].size]
+                np.multiply(flat_value[part], weight, out=scratch, dtype=np.float64)
+                flat_total[part] += scratch
         self.total += weight
 
     def result(self, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.total <= 0:
             return dict(like)
-        return {name: (self.sums[name] / self.total).astype(np.asarray(like[name]).dtype) for name in like}
+        # divided in float64 and rounded once to the model's dtype, straight into the result
+        return {name: np.divide(self.sums[name], self.total, out=np.empty(self.sums[name].shape, np.asarray(like[name]).dtype),
+                                casting="unsafe") for name in like}
 
 
 # ---- selection among checked-in clients -----------------------------------------------------------

@@ -140,19 +140,24 @@ def test_a_strategy_that_raises_fails_the_run_at_once_with_the_error(tmp_path):
     assert any("boom" in str(i.get("error")) for i in summary["incidents"])
 
 
-def test_weighted_average_is_the_float64_weighted_mean_to_the_last_bit():
+def test_weighted_average_is_the_float64_weighted_mean_to_the_last_bit(monkeypatch):
     from node.strategy import WeightedAverage
+    monkeypatch.setattr(WeightedAverage, "CHUNK", 8)  # "w" spans 4 chunks, the last one short
     rng = np.random.default_rng(3)
-    states = [{"w": rng.standard_normal((7, 5)).astype(np.float32), "b": rng.integers(0, 9, 4)} for _ in range(4)]
+    states = [{"w": rng.standard_normal((7, 5)).astype(np.float32), "b": rng.integers(0, 9, 4),
+               "s": np.float32(rng.standard_normal())} for _ in range(4)]
     weights = [12.0, 30.0, 7.0, 1.5]
     avg = WeightedAverage()
     for state, weight in zip(states, weights):
         avg.add(state, weight)
-    for name in ("w", "b"):
+    for name in ("w", "b", "s"):
         expected = sum(np.asarray(s[name], dtype=np.float64) * w for s, w in zip(states, weights))
         assert np.array_equal(avg.sums[name], expected)
     result = avg.result(states[0])
-    assert result["w"].dtype == np.float32 and np.array_equal(result["w"], (avg.sums["w"] / sum(weights)).astype(np.float32))
+    for name in ("w", "s"):
+        assert result[name].dtype == np.float32
+        assert np.array_equal(result[name], (avg.sums[name] / sum(weights)).astype(np.float32))
+    assert result["s"].shape == () and result["w"].shape == (7, 5)
 
 
 def test_a_clients_delta_is_computed_when_read_and_equals_the_difference():
