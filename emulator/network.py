@@ -170,6 +170,11 @@ class Network:
         self.hold_ids = itertools.count()
         self.transfer_ids = itertools.count()
         self.net_counter = itertools.count()
+        # A payload sent to several actors crosses to each peer once: the peer keeps the latest
+        # shared payload it received, and this mirrors it (peer -> (payload frames, id)). Not saved
+        # in a checkpoint: after a restore every peer is sent the frames again.
+        self.peer_payload: dict[str, tuple[list[Any], int]] = {}
+        self.payload_ids = itertools.count(1)
         self.guard = PeerGuard(cfg.peers)
         self.actor_peer = self.guard.owner
         self.peer_actors: dict[str, list[str]] = {}
@@ -349,7 +354,8 @@ class Network:
             payload = truncated(payload)
         payload_frame_bytes = sum(memoryview(f).nbytes for f in payload)
         for i, dst in enumerate(dsts):
-            deliver_env = {"src": src, "dst": dst, "kind": env["kind"], "round": env["round"], "t": 0.0, "body": env["body"]}
+            deliver_env = {"src": src, "dst": dst, "kind": env["kind"], "round": env["round"], "t": 0.0, "body": env["body"],
+                           "fanout": len(dsts) > 1 and payload_frame_bytes > 0}
             unicast = envelope.pack("send", src=src, dst=dst, kind=env["kind"], round=env["round"], t=t, n=env["n"],
                                     body=env["body"], payload=env["payload"], fp32=env["fp32"])
             wire = len(unicast) + payload_frame_bytes
@@ -653,7 +659,15 @@ class Network:
         hold = next(self.hold_ids)
         self.holds.deliver(hold, dst, self.now)
         self.last_delivery[dst] = self.now
-        header = envelope.pack("deliver", hold=hold, device=self.device_status(dst), **env)
+        shared = 0
+        if env.pop("fanout", False):
+            held = self.peer_payload.get(peer)
+            if held is not None and held[0] is frames:
+                shared, frames = held[1], []  # the peer holds these frames already
+            else:
+                shared = next(self.payload_ids)
+                self.peer_payload[peer] = (frames, shared)
+        header = envelope.pack("deliver", hold=hold, device=self.device_status(dst), shared=shared, **env)
         try:
             sock.send_multipart([peer.encode(), header, *frames], copy=False)
         except zmq.ZMQError:

@@ -81,6 +81,7 @@ class Runtime:
         self._resume_ids = itertools.count()
         self._job_started: float | None = None  # wall time the worker's current job began
         self._last_delivery = 0.0  # wall time of the latest delivery (cohorts gather while they come)
+        self._shared: tuple[int, list[Any]] = (0, [])  # the shared payload kept (see _shared_payload)
         self.refused = 0
         self._refused_unlogged = 0
         self._last_refusal_log = -float("inf")
@@ -215,6 +216,20 @@ class Runtime:
         self._emit(sock, actor.name, reaction, msg.t)
         self._start_work(sock, actor.name, env["hold"], reaction, msg.t)
 
+    def _shared_payload(self, env: dict[str, Any], frames: list[Any]) -> list[Any] | None:
+        """A delivery's payload frames. The payload of a send to several of this process's actors
+        comes once (envelope `shared`): kept when it comes, reused by the deliveries after it."""
+        shared = env["shared"]
+        if not shared:
+            return frames
+        if frames:
+            self._shared = (shared, frames)
+            return frames
+        if self._shared[0] != shared:
+            self._refuse(f"a delivery to {env['dst']!r} refers to shared payload {shared}, which this process does not hold")
+            return None
+        return self._shared[1]
+
     def _resume(self, sock: zmq.Socket, env: dict[str, Any], rid: int) -> None:
         actor, continuation = self._resumes.pop(rid, (env["dst"], None))
         if continuation is None or actor != env["dst"]:
@@ -280,7 +295,11 @@ class Runtime:
                         if env["op"] == "stop":
                             return
                         if env["op"] == "deliver":
-                            self._deliver(sock, env, frames[1:])
+                            payload = self._shared_payload(env, frames[1:])
+                            if payload is None:
+                                sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
+                            else:
+                                self._deliver(sock, env, payload)
                         elif env["op"] == "snapshot":
                             self._snapshot(sock, env["path"])
                         elif env["op"] == "alive_ack":

@@ -24,8 +24,10 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "hello": {"peer": _STR, "actors": _LIST},
     "send": {"src": _STR, "dst": (str, list), "kind": _STR, "round": _INT, "t": _NUM, "n": _INT, "body": _MAP,
              "payload": _INT, "fp32": _INT},
+    # shared > 0: the payload of a send to several actors, which crosses to a peer once: with frames,
+    # the peer keeps them as shared payload `shared` (in place of the one it kept); without, it uses them
     "deliver": {"src": _STR, "dst": _STR, "kind": _STR, "round": _INT, "t": _NUM, "hold": _INT, "body": _MAP,
-                "device": (dict, type(None))},
+                "device": (dict, type(None)), "shared": _INT},
     "done": {"actor": _STR, "hold": _INT, "busy_until": (int, float, type(None)), "busy_s": (int, float, type(None))},
     "timer": {"actor": _STR, "at": _NUM, "tag": _STR},
     "report": {"body": _MAP},
@@ -45,7 +47,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "join_refused": {"why": _STR},
 }
 # numbers that are counts, ids or times: never negative
-NONNEGATIVE = frozenset({"n", "payload", "fp32", "hold", "at", "busy_until", "busy_s"})
+NONNEGATIVE = frozenset({"n", "payload", "fp32", "hold", "at", "busy_until", "busy_s", "shared"})
 INT64 = (-(2**63), 2**63 - 1)
 
 

@@ -60,7 +60,7 @@ def attack(endpoint: str) -> int:
         [envelope.pack("send", **{**send, "src": "c0001", "dst": "server", "kind": "update"}), b"\x01" * 10],
         [envelope.pack("timer", actor="server", at=0.0, tag="deadline:0")],
         *[[envelope.pack("done", actor=a, hold=h, busy_until=None, busy_s=None)] for h in range(30) for a in ("server", "c0000")],
-        [envelope.pack("deliver", src="server", dst="c0000", kind="task", round=0, t=0.0, hold=0, body={}, device=None)],
+        [envelope.pack("deliver", src="server", dst="c0000", kind="task", round=0, t=0.0, hold=0, body={}, device=None, shared=0)],
         [envelope.pack("stop")],
         [envelope.pack("peer_lost", peer="host0")],
         [envelope.pack("report", body={"type": "finished"})],

@@ -112,7 +112,7 @@ def test_acting_for_others_is_refused():
     net.receive(b"host1", frames(envelope.pack("stop")))  # only the conductor stops the network
     net.receive(b"host1", frames(envelope.pack("peer_lost", peer="host0")))
     net.receive(b"host1", frames(envelope.pack("deliver", src="a", dst="c2", kind="task", round=0, t=0.0, hold=1, body={},
-                                               device=None)))
+                                               device=None, shared=0)))
     assert net.guard.counts()["total"] - before == 7
     assert not net.stopping and not net.dead
     assert [e for e in net.queue if e[5][0] in ("tick", "flow_start")] == []

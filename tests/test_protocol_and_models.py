@@ -27,7 +27,7 @@ def test_envelope_round_trip_and_strict_rejections():
         with pytest.raises(envelope.ProtocolError, match=message):
             envelope.unpack(frame)
     with pytest.raises(envelope.ProtocolError, match="kind 'gossipx' unknown"):
-        envelope.unpack(envelope.pack("deliver", src="a", dst="b", kind="gossipx", round=0, t=0.0, hold=1, body={}, device=None))
+        envelope.unpack(envelope.pack("deliver", src="a", dst="b", kind="gossipx", round=0, t=0.0, hold=1, body={}, device=None, shared=0))
 
 
 def test_partitions_cover_all_samples_once_and_are_seeded():
