@@ -2,7 +2,9 @@
 (a) by plain PyTorch, clients one after another in one process,
 (b) by the emulator with cohort training off, and
 (c) by the emulator with cohort training on (node/cohort.py),
-all measured in this run, with the ratios (b)/(a) and (c)/(a); and samples per second of each
+all measured in this run (on the flower workload (a) runs before (b) and again after (c), and its
+rounds of both passes count, so a machine that slows down during the benchmark slows the
+baseline too), with the ratios (b)/(a) and (c)/(a); and samples per second of each
 against the same model trained as one large batch in one process (the hardware's practical
 ceiling for this model: no per-client weights, no per-client steps).
 
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -91,6 +94,16 @@ def plain_rounds(task: TaskSpec, sessions: list[list[np.ndarray]], local: LocalT
     return times
 
 
+def bracketed(plain: Callable[[], list[float]], emulated: Callable[[], tuple]) -> list:
+    """The plain loop's round times measured before and after the emulator's runs, so that a
+    machine whose speed drifts during the benchmark moves the baseline too (the first round of
+    each pass warms up: figures() drops the first, the second pass's is dropped here); the
+    emulator's results are appended last."""
+    before = plain()
+    results = emulated()
+    return before + plain()[1:] + [results]
+
+
 def ceiling(task: TaskSpec, batch: int, steps: int = 12) -> float:
     """Samples per second of plain SGD on one model with one large batch."""
     model = task.build()
@@ -126,14 +139,15 @@ def flower_workload(args, tmp: Path) -> dict:
     rounds = args.rounds
     path = tmp / "flower.yaml"
     path.write_text(FLOWER.format(rounds=rounds, device=args.device, model=args.model))
-    off, _, off_summary = emulator_rounds(path, tmp / "off", "algorithm.cohort=off")
-    on, _, on_summary = emulator_rounds(path, tmp / "on", f"algorithm.cohort={args.cohort}")
     train, test = synthetic(5000, 100, (1, 28, 28), 10, seed=0)
     task = TaskSpec(args.model, train, test, 0).on(torch_device(args.device))
     shards = np.array_split(np.arange(5000), 100)
     rng = np.random.default_rng(0)
     sessions = [[shards[i] for i in rng.choice(100, 10, replace=False)] for _ in range(rounds)]
-    plain = plain_rounds(task, sessions, LocalTraining(1, 10, 0.01))
+    plain = bracketed(lambda: plain_rounds(task, sessions, LocalTraining(1, 10, 0.01)), lambda: (
+        emulator_rounds(path, tmp / "off", "algorithm.cohort=off"),
+        emulator_rounds(path, tmp / "on", f"algorithm.cohort={args.cohort}")))
+    (off, _, off_summary), (on, _, on_summary) = plain.pop()
     return figures("flower" if args.model == "mnist_cnn" else f"flower_{args.model}", plain, off, on, 10 * 50, task, 100, off_summary, on_summary)
 
 
@@ -145,12 +159,12 @@ def edge_workload(args, tmp: Path) -> dict:
     path = REPO / "scenarios" / "edge_1000.yaml"
     rounds = max(3, min(args.rounds, 5))
     base = (f"rounds={rounds}", "eval.every=0", f"task.device={args.device}")
-    off, off_rows, off_summary = emulator_rounds(path, tmp / "edge_off", *base, "algorithm.cohort=off")
-    on, _, on_summary = emulator_rounds(path, tmp / "edge_on", *base, f"algorithm.cohort={args.cohort}")
     sc, _ = load_scenario(path, list(base))
     world = build_world(sc)
     task = world.task.on(torch_device(args.device))
     alg = sc.algorithm
+    off, off_rows, off_summary = emulator_rounds(path, tmp / "edge_off", *base, "algorithm.cohort=off")
+    on, _, on_summary = emulator_rounds(path, tmp / "edge_on", *base, f"algorithm.cohort={args.cohort}")
     trained = int(round(np.mean([int(r["selected"]) for r in off_rows[1:]])))  # what the emulator trained per round
     cap = alg.max_samples_per_round
     rng = np.random.default_rng(0)
@@ -161,7 +175,8 @@ def edge_workload(args, tmp: Path) -> dict:
         sessions.append([np.sort(rng.choice(profiles[i].indices, min(cap, profiles[i].indices.size), replace=False))
                          for i in picked])
     local = LocalDP(world.client.privacy).training(LocalTraining(alg.local_epochs, alg.batch_size, alg.lr))
-    plain = plain_rounds(task, sessions, local)
+    # the sessions need the emulator's count of trained clients, so both plain passes follow it here
+    plain = plain_rounds(task, sessions, local) + plain_rounds(task, sessions, local)[1:]
     samples = int(np.mean([sum(s.size for s in clients) for clients in sessions])) * alg.local_epochs
     return figures("edge_1000", plain, off, on, samples, task, trained * alg.batch_size, off_summary, on_summary)
 
