@@ -21,7 +21,7 @@ import psutil
 import zmq
 
 from node.device import EXIT_DEVICE
-from node.processes import host_main, server_main
+from node.processes import host_main
 from protocol import envelope
 from protocol.curve import read_host_key
 from .network import CONDUCTOR, SERVER, NetworkConfig, network_main

@@ -18,7 +18,6 @@ import math
 import os
 import pickle
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
