@@ -5,6 +5,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension(
     "protocol._kernels", ["protocol/_kernels.c"],
     # the same float operations in the same order as the numpy path: no contraction into FMAs
-    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"],
+    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math"],
     optional=True,
 )])

@@ -44,6 +44,15 @@ static inline double u32_to_d(uint32_t c) { /* exact, and vectorises */
     return d - 0x1p52;
 }
 
+/* An integral 0 <= f < 2^32 as uint32: f + 2^52 is exact and its low 32 mantissa bits are f. Plain
+   integer ops, so it vectorises without AVX-512 (which alone converts doubles to 64-bit integers). */
+static inline uint32_t d_to_u32(double f) {
+    const double shifted = f + 0x1p52;
+    uint64_t bits;
+    memcpy(&bits, &shifted, 8);
+    return (uint32_t)bits;
+}
+
 static inline uint32_t mix32(uint32_t x) { /* lowbias32 (C. Wellons): a bijective integer hash */
     x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
     return x;
@@ -200,7 +209,7 @@ HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t sl
             else y = rint_pos_d(y);
             y = y < 0.0 ? 0.0 : y;
             y = y > top ? top : y;
-            c[t] = (uint32_t)(int64_t)y;
+            c[t] = d_to_u32(trunc(y));
         }
         i = stop;
     }
