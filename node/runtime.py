@@ -218,17 +218,18 @@ class Runtime:
 
     def _shared_payload(self, env: dict[str, Any], frames: list[Any]) -> list[Any] | None:
         """A delivery's payload frames. The payload of a send to several of this process's actors
-        comes once (envelope `shared`): kept when it comes, reused by the deliveries after it."""
+        comes once (envelope `shared`): kept when it comes, reused by the deliveries after it.
+        Each delivery gets its own copy (a memory copy, far cheaper than the socket's), because
+        decoding can return views of the frames and an actor may write into what it decoded."""
         shared = env["shared"]
         if not shared:
             return frames
         if frames:
             self._shared = (shared, frames)
-            return frames
-        if self._shared[0] != shared:
+        elif self._shared[0] != shared:
             self._refuse(f"a delivery to {env['dst']!r} refers to shared payload {shared}, which this process does not hold")
             return None
-        return self._shared[1]
+        return [bytearray(memoryview(f)) for f in self._shared[1]]
 
     def _resume(self, sock: zmq.Socket, env: dict[str, Any], rid: int) -> None:
         actor, continuation = self._resumes.pop(rid, (env["dst"], None))

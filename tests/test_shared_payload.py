@@ -77,7 +77,9 @@ def test_the_runtime_keeps_the_shared_payload_and_refuses_a_reference_it_does_no
     refusals = []
     base = {"dst": "c0", "hold": 1}
     assert rt._shared_payload({**base, "shared": 0}, [b"own"]) == [b"own"]
-    assert rt._shared_payload({**base, "shared": 3}, [b"kept"]) == [b"kept"]
+    first = rt._shared_payload({**base, "shared": 3}, [b"kept"])
+    assert first == [b"kept"]
+    first[0][:] = b"XXXX"  # an actor that writes into its payload changes its own copy only
     assert rt._shared_payload({**base, "shared": 3}, []) == [b"kept"]
     assert rt._shared_payload({**base, "shared": 0}, [b"other"]) == [b"other"]  # a unicast leaves it in place
     assert rt._shared_payload({**base, "shared": 3}, []) == [b"kept"]
