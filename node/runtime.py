@@ -198,13 +198,15 @@ class Runtime:
 
     def _deliver(self, sock: zmq.Socket, env: dict[str, Any], frames: list[Any]) -> None:
         self._last_delivery = time.monotonic()
+        frames = self._shared_payload(env, frames)  # first: a shared payload is kept whoever it is for
         tag = env["body"].get("tag", "") if env["kind"] == "tick" else ""
         if tag.startswith(RESUME):
             self._resume(sock, env, int(tag[len(RESUME):]))
             return
         actor = self.actors.get(env["dst"])
-        if actor is None:
-            self._refuse(f"delivery for unknown actor {env['dst']!r}")
+        if actor is None or frames is None:
+            if actor is None:
+                self._refuse(f"delivery for unknown actor {env['dst']!r}")
             sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
             return
         msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames, env["device"])
@@ -296,11 +298,7 @@ class Runtime:
                         if env["op"] == "stop":
                             return
                         if env["op"] == "deliver":
-                            payload = self._shared_payload(env, frames[1:])
-                            if payload is None:
-                                sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
-                            else:
-                                self._deliver(sock, env, payload)
+                            self._deliver(sock, env, frames[1:])
                         elif env["op"] == "snapshot":
                             self._snapshot(sock, env["path"])
                         elif env["op"] == "alive_ack":
