@@ -94,14 +94,14 @@ def plain_rounds(task: TaskSpec, sessions: list[list[np.ndarray]], local: LocalT
     return times
 
 
-def bracketed(plain: Callable[[], list[float]], emulated: Callable[[], tuple]) -> list:
+def bracketed(plain: Callable[[], list[float]], emulated: Callable[[], tuple]) -> tuple[list[float], tuple]:
     """The plain loop's round times measured before and after the emulator's runs, so that a
     machine whose speed drifts during the benchmark moves the baseline too (the first round of
-    each pass warms up: figures() drops the first, the second pass's is dropped here); the
-    emulator's results are appended last."""
+    each pass warms up: figures() drops the first, the second pass's is dropped here), and the
+    emulator's results."""
     before = plain()
     results = emulated()
-    return before + plain()[1:] + [results]
+    return before + plain()[1:], results
 
 
 def ceiling(task: TaskSpec, batch: int, steps: int = 12) -> float:
@@ -144,10 +144,10 @@ def flower_workload(args, tmp: Path) -> dict:
     shards = np.array_split(np.arange(5000), 100)
     rng = np.random.default_rng(0)
     sessions = [[shards[i] for i in rng.choice(100, 10, replace=False)] for _ in range(rounds)]
-    plain = bracketed(lambda: plain_rounds(task, sessions, LocalTraining(1, 10, 0.01)), lambda: (
-        emulator_rounds(path, tmp / "off", "algorithm.cohort=off"),
-        emulator_rounds(path, tmp / "on", f"algorithm.cohort={args.cohort}")))
-    (off, _, off_summary), (on, _, on_summary) = plain.pop()
+    plain, ((off, _, off_summary), (on, _, on_summary)) = bracketed(
+        lambda: plain_rounds(task, sessions, LocalTraining(1, 10, 0.01)),
+        lambda: (emulator_rounds(path, tmp / "off", "algorithm.cohort=off"),
+                 emulator_rounds(path, tmp / "on", f"algorithm.cohort={args.cohort}")))
     return figures("flower" if args.model == "mnist_cnn" else f"flower_{args.model}", plain, off, on, 10 * 50, task, 100, off_summary, on_summary)
 
 
