@@ -910,7 +910,8 @@ def _portable_event(event: tuple) -> tuple:
 
 
 def network_main(cfg: NetworkConfig) -> None:
-    from node.lifecycle import detach_from_terminal_signals  # noqa: PLC0415  (same hardening as node processes)
+    from node.lifecycle import detach_from_terminal_signals, keep_freed_memory  # noqa: PLC0415  (as node processes)
 
     detach_from_terminal_signals(cfg.parent_pid, "network")
+    keep_freed_memory()  # it relays model-sized frames
     Network(cfg).run()

@@ -9,7 +9,7 @@ import torch
 import zmq
 
 from .device import EXIT_DEVICE, DeviceError, open_device
-from .lifecycle import detach_from_terminal_signals
+from .lifecycle import detach_from_terminal_signals, keep_freed_memory
 from .async_server import AsyncServer
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
 from .edge import EdgeServer
@@ -29,6 +29,7 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
     network has been silent for silence_s."""
     if parent_pid is not None:
         detach_from_terminal_signals(parent_pid, peer)
+    keep_freed_memory()
     torch.set_num_threads(threads)
     try:
         placement, device_info = open_device(task.plan, host_index)
@@ -59,6 +60,7 @@ def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task:
     """The server process: the server actor, and in a hierarchy the cloud (whose clients are the
     edges) with the edge aggregators, each an actor with its own link."""
     detach_from_terminal_signals(parent_pid, "server")
+    keep_freed_memory()
     torch.set_num_threads(threads)
     server = (AsyncServer if cfg.strategy.asynchronous else ServerActor)(cfg, client_names, task)
     aggregators = [EdgeServer(e.name, e.server, e.clients, task, e.edge_rounds, e.cloud_codec) for e in edges or []]
@@ -70,6 +72,7 @@ def flower_server_main(endpoint: str, cfg, client_names: list[str], threads: int
     from .flower.server import FlowerServerActor  # noqa: PLC0415
 
     detach_from_terminal_signals(parent_pid, "server")
+    keep_freed_memory()
     torch.set_num_threads(threads)
     Runtime("server", endpoint, [FlowerServerActor(cfg, client_names)], parent_pid).run()
 
@@ -77,5 +80,6 @@ def flower_server_main(endpoint: str, cfg, client_names: list[str], threads: int
 def warmup_main(endpoint: str, cfg: RingConfig, task: TaskSpec, aggregate_s: float, threads: int, parent_pid: int) -> None:
     """The server process of a ring whose warm-up FedAvg has an aggregator of its own (FibFL++)."""
     detach_from_terminal_signals(parent_pid, "server")
+    keep_freed_memory()
     torch.set_num_threads(threads)
     Runtime("server", endpoint, [WarmupAggregator(cfg, task, aggregate_s)], parent_pid).run()
