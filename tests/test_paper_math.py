@@ -202,6 +202,12 @@ def test_laplace_noise_has_the_scale_beta():
     n = x.size
     assert abs(np.abs(x).mean() - beta) < 4 * beta / math.sqrt(n)
     assert abs(x.mean()) < 4 * math.sqrt(2) * beta / math.sqrt(n)
+    # its shape: P(|x| > beta ln 2) = 1/2 and P(x < 0) = 1/2 (binomial sd 0.5/sqrt(n)); Laplace's
+    # P(|x| > 3 beta) = e^-3
+    assert abs(np.mean(np.abs(x) > beta * math.log(2)) - 0.5) < 4 * 0.5 / math.sqrt(n)
+    assert abs(np.mean(x < 0) - 0.5) < 4 * 0.5 / math.sqrt(n)
+    tail = math.exp(-3)
+    assert abs(np.mean(np.abs(x) > 3 * beta) - tail) < 4 * math.sqrt(tail * (1 - tail) / n)
     assert noisy["count"] == 7 and noisy["count"].dtype == np.int64  # counters untouched
     assert noisy["w"].dtype == np.float32
 
