@@ -569,7 +569,8 @@ class Conductor:
         elif kind == "network_stats":
             clock_s = body.get("clock_s") or 0.0
             writer.summary["network"] = {"events": body.get("events"), "cpu_s": body.get("cpu_s"), "clock_s": clock_s,
-                                         "events_per_s": body["events"] / clock_s if clock_s > 0 else None}
+                                         "events_per_s": body["events"] / clock_s if clock_s > 0 else None,
+                                         "waited_s": body.get("waited_s") or {}}
         elif kind == "refused_messages":
             writer.summary["refused_messages"] = {k: body.get(k) for k in ("total", "by_peer", "banned")}
         elif kind == "finished":

@@ -19,6 +19,7 @@ import os
 import pickle
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +167,7 @@ class Network:
         self.zap: ZapHandler | None = None  # with cfg.listen: who may connect over TCP (see run)
         self._answer_records: list[tuple[int, bytes]] = []  # see _on_done
         self.events = 0  # events processed: the network's work, for benchmarks
+        self.waited: Counter[str] = Counter()  # wall seconds the loop waited, by what it waited for (_waiting_for)
         self.hold_ids = itertools.count()
         self.transfer_ids = itertools.count()
         self.net_counter = itertools.count()
@@ -817,10 +819,15 @@ class Network:
                                              "t_net": 0.0})
         try:
             while not self.stopping:
-                timeout = POLL_MS
+                timeout, pacing = POLL_MS, False
                 if self.queue and self.may_run_head():
-                    timeout = min(POLL_MS, max(0, math.ceil(self.due_in() * 1000)))
-                if sock.poll(timeout):
+                    timeout, pacing = min(POLL_MS, max(0, math.ceil(self.due_in() * 1000))), True
+                waiting_for = ("realtime" if pacing else self._waiting_for()) if timeout else None
+                began = time.monotonic()
+                ready = sock.poll(timeout)
+                if waiting_for is not None:
+                    self.waited[waiting_for] += time.monotonic() - began
+                if ready:
                     while sock.poll(0):
                         frames = sock.recv_multipart(copy=False)
                         self.receive(bytes(frames[0].buffer), frames[1:])
@@ -838,7 +845,8 @@ class Network:
             if self.guard.changed:
                 self.to_conductor("report", {"type": "refused_messages", **self.guard.counts(), "t_net": self.now})
             self.to_conductor("report", {"type": "network_stats", "events": self.events, "t_net": self.now,
-                                         "cpu_s": time.process_time(), "clock_s": time.monotonic() - (self.wall_start or time.monotonic())})
+                                         "cpu_s": time.process_time(), "clock_s": time.monotonic() - (self.wall_start or time.monotonic()),
+                                         "waited_s": dict(self.waited)})
             self._flush(sock)
             for peer in self.peer_actors:
                 if peer != CONDUCTOR:
@@ -851,6 +859,17 @@ class Network:
             if self.zap is not None:
                 self.zap.close()
             ctx.destroy(linger=0)
+
+    def _waiting_for(self) -> str:
+        """Why the clock stands still while this process waits for a message (and no event is
+        only waiting for its wall-clock time, in realtime mode): the run has not started, an actor
+        has not answered a delivery yet (its host's reply is on the clock's path), an actor's
+        declared work is not finished (real training), or nothing at all is pending."""
+        if not self.started:
+            return "start"
+        if self.holds.unanswered:
+            return "answers"
+        return "work" if self.holds else "messages"
 
     def _watch_peers(self) -> None:
         """Once a second: tell the conductor of refused messages, and of peers gone silent. A peer

@@ -239,3 +239,7 @@ def test_population_scenario_shortened(tmp_path):
     assert len(checkins) == at_start + came_back  # and every device that came back checked in again
     network = summary["network"]
     assert network["events"] > 4 * at_start and network["events_per_s"] > 0
+    # where the network's loop waited: for hosts to answer deliveries, for actors' work, ...
+    waited = network["waited_s"]
+    assert set(waited) <= {"start", "answers", "work", "messages", "realtime"} and "realtime" not in waited
+    assert waited.get("answers", 0) > 0 and sum(waited.values()) <= network["clock_s"] + 1.0
