@@ -72,7 +72,8 @@ class LipschitzEstimate:
 
     def observe(self, position: int, grad: torch.Tensor) -> None:
         """grad: the flat clipped gradient about to be applied at batch `position` of the current
-        epoch, a tensor of its own (flat_gradient's): it is kept, not copied."""
+        epoch, a tensor of its own (flat_gradient's): it is kept, not copied, and the next epoch's
+        observation at this position overwrites it with the difference (so no caller may hold on to it)."""
         grad = grad.detach()
         prev = self.previous.get(position)
         if self.window is None:
