@@ -16,6 +16,11 @@ import numpy as np
 
 from .transport import EPS_BITS, TcpState, TcpTransport
 
+try:
+    from ._flowfill import max_min_fill as _compiled_fill
+except ImportError:  # not built (no C compiler at install): the Python filling, same numbers
+    _compiled_fill = None
+
 INF = math.inf
 
 
@@ -42,21 +47,35 @@ def max_min_rates(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashabl
     return max_min_fill(paths, capacity)[0]
 
 
-def max_min_fill(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable, float]) -> tuple[list[float], list[Hashable | None]]:
+def max_min_fill(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable, float],
+                 override: Mapping[Hashable, float] | None = None) -> tuple[list[float], list[Hashable | None]]:
     """Max-min fair rates and, for each flow, the link whose saturation fixed its rate (None when
-    nothing constrains it). Water-filling with a heap of links by fair share: the link with the
+    nothing constrains it); a link's capacity is looked up in `override` first. The compiled
+    emulator/_flowfill.c when it is built (bit for bit the same numbers), else `max_min_fill_py`."""
+    if _compiled_fill is not None:
+        return _compiled_fill(paths, capacity, override)
+    return max_min_fill_py(paths, capacity, override)
+
+
+def max_min_fill_py(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable, float],
+                    override: Mapping[Hashable, float] | None = None) -> tuple[list[float], list[Hashable | None]]:
+    """max_min_fill in Python. Water-filling with a heap of links by fair share: the link with the
     smallest share fixes all its unfixed flows at that share, which updates only the links on their
     paths, so each flow is fixed once: O(flows x path length x log links). Ties go to the link
     that appears first (flows in order, each path in order)."""
     import heapq
 
+    if override:
+        def get(link: Hashable, default: float) -> float:
+            return override[link] if link in override else capacity.get(link, default)
+    else:
+        get = capacity.get
     n = len(paths)
     rates = [INF] * n
     bottleneck: list[Hashable | None] = [None] * n
     remaining: dict[Hashable, float] = {}
     users: dict[Hashable, list[int]] = {}
     links_of: list[list[Hashable]] = []  # each flow's finite links, once each
-    get = capacity.get
     for i, path in enumerate(paths):
         mine = []
         for link in path:
@@ -315,43 +334,96 @@ class FlowModel:
         return flow, self._rebalance()
 
     def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
+        """Every active flow's rate afresh. This runs at nearly every event of a tcp flow on a
+        saturated link (hundreds of flows each time, most of the network's own work in a flagship
+        round), so what `sync`, `TcpTransport.cap` and `TcpState.rtt` compute is written out here,
+        with the same float operations in the same order."""
         self.unsettled = False
-        ids = [fid for fid, flow in self.flows.items() if flow.active]
+        t, transport, qdelay = self.t, self.transport, self.qdelay
+        active: list[tuple[Hashable, Flow]] = []
         paths, caps = [], {}
-        for fid in ids:
-            flow = self.flows[fid]
-            self.sync(flow)
-            cap = self.transport.cap(flow, self.t) if flow.tcp else INF
+        for fid, flow in self.flows.items():
+            if not flow.active:
+                continue
+            active.append((fid, flow))
+            st = flow.tcp
+            dt = t - flow.synced_t
+            rate = flow.rate
+            if dt > 0 and rate > 0:  # sync
+                bits = rate * dt if rate < INF else self._instant_bits(flow)
+                remaining = flow.remaining_bits
+                if bits > remaining:
+                    bits = remaining
+                flow.remaining_bits = remaining - bits
+                if st is not None:
+                    if st.budget < INF:
+                        st.budget = max(0.0, st.budget - bits)
+                    if st.loss_in < INF:
+                        st.loss_in -= bits
+            flow.synced_t = t
+            if st is None or st.phase == "open":
+                paths.append(flow.path)
+                continue
+            if st.phase == "ss":
+                if st.budget > EPS_BITS:
+                    paths.append(flow.path)
+                    continue
+                cap = 0.0
+            else:
+                # TcpTransport.cap: W over the RTT less the flow's own standing queue
+                queued = 0
+                if qdelay:
+                    for link in flow.path:
+                        queued += qdelay.get(link, 0.0)
+                else:
+                    for _ in flow.path:
+                        queued += 0.0
+                cap = st.conn.cwnd * st.seg_bits / ((st.rtt_base + queued) - self.own_qdelay(fid))
             if cap < INF:
-                caps[("window", fid)] = cap
-                paths.append((*flow.path, ("window", fid)))
+                window = ("window", fid)
+                caps[window] = cap
+                paths.append((*flow.path, window))
             else:
                 paths.append(flow.path)
-        rates, bottlenecks = max_min_fill(paths, {**self.capacity, **caps} if caps else self.capacity)
-        changed = []
-        for fid, rate, link in zip(ids, rates, bottlenecks):
-            flow = self.flows[fid]
-            limited = link == ("window", fid)
+        rates, bottlenecks = max_min_fill(paths, self.capacity, caps)
+        changed: list[tuple[Hashable, float, int]] = []
+        tcp = transport is not None
+        if tcp:
+            load: dict[Hashable, float] = {}
+            pinned: set = set()
+            self.load, self.pinned = load, pinned
+            # the standing queues afresh (what _standing_queues does), in place once every flow's
+            # window has seen its new rate: until then its RTT is the one it had
+            excess: dict[Hashable, tuple[Hashable, float]] = {}
+            held: dict[Hashable, list] = {}
+        for (fid, flow), rate, link in zip(active, rates, bottlenecks):
+            limited = link is not None and link == ("window", fid)
             flow.bottleneck = link
             if not limited:
                 flow.link_bottleneck = link
                 if rate > 0:
                     flow.share = rate
             if flow.tcp:
-                self.transport.after_rates(flow, self.t, limited)
-            if rate == flow.rate and flow.done_at < INF and fid != force:
-                continue
-            flow.rate = rate
-            self._schedule(fid, flow, changed)
-        if self.transport is not None:
-            self.load, self.pinned = {}, set()
-            for fid, rate, link in zip(ids, rates, bottlenecks):
-                if link is not None and link != ("window", fid):
-                    self.pinned.add(link)
+                transport.after_rates(flow, t, limited)
+            if rate != flow.rate or flow.done_at >= INF or fid == force:
+                flow.rate = rate
+                self._schedule(fid, flow, changed)
+            if tcp:
+                if link is not None and not limited:
+                    pinned.add(link)
                 if rate < INF:
-                    for on in self.flows[fid].path:
-                        self.load[on] = self.load.get(on, 0.0) + rate
-            self._standing_queues(ids)
+                    for on in flow.path:
+                        load[on] = load.get(on, 0.0) + rate
+                part = self._excess_of(flow)
+                if part is not None:
+                    excess[fid] = part
+                    entry = held.setdefault(part[0], [0.0, 0])
+                    entry[0] += part[1]
+                    entry[1] += 1
+        if tcp:
+            self.excess, self.held, self.qdelay, self.fill = excess, held, {}, {}
+            for link in held:
+                self._link_queue(link)
         return changed
 
     def _schedule(self, fid: Hashable, flow: Flow, changed: list) -> None:

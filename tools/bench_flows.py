@@ -6,8 +6,15 @@ find the new water level) after which every flow's rate reads in O(1); both medi
 finishing flows, measured in this run, and their ratio. A star with a second shared link (a
 cell behind the server) is timed too, where the incremental model solves that component again.
 
+A third case times what the network's tcp model does in a flagship round (edge_1000's links:
+130 clients download the 6.6 MB model through the server's 1 Gbit/s uplink and, after training,
+upload it through its 300 Mbit/s ingress, with slow start, queues and loss), run through
+`emulator.links.simulate` twice in this run: with the compiled max-min filling
+(emulator/_flowfill.c) and with the Python one. Both must give the same arrival times, bit for bit.
+
 Usage: python tools/bench_flows.py [--flows 10000] [--json]
---json prints one object: flows, scratch_ms, incremental_ms, speedup (and the same for the cell case)."""
+--json prints one object: flows, scratch_ms, incremental_ms, speedup (and the same for the cell
+case), and tcp_round: {clients, events, compiled_s, python_s, speedup}."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from emulator.links import max_min_fill  # noqa: E402
+from emulator import links  # noqa: E402
+from emulator.links import FlowModel, max_min_fill, simulate  # noqa: E402
+from emulator.transport import TcpTransport  # noqa: E402
 from emulator.maxmin import IncrementalMaxMin  # noqa: E402
 
 
@@ -65,17 +74,81 @@ def measure(flows: int, finishing: int, cell: bool) -> dict:
             "speedup": round(s / i, 1), "max_rel_error": worst}
 
 
+# edge_1000's link mix (scenarios/profiles.yaml): share, up and down Mbit/s, one-way ms, loss, queue ms
+LINK_MIX = [(0.45, 20, 50, 10, 0.001, 50), (0.35, 8, 30, 40, 0.005, 200), (0.10, 40, 250, 15, 0.002, 100),
+            (0.10, 1, 4, 100, 0.01, 500)]
+
+
+def tcp_round(clients: int, model_bytes: int = 6_600_000, seed: int = 0) -> tuple[FlowModel, list[dict]]:
+    """A flagship-like round for the tcp model: every client downloads the model from the server
+    at once and uploads it after 2-20 s of training."""
+    rng = np.random.default_rng(seed)
+    caps = {("up", "server"): 1000e6, ("down", "server"): 300e6}
+    queues = {("up", "server"): 0.1, ("down", "server"): 0.1}
+    transfers = []
+    for c in range(clients):
+        share, up, down, ms, loss, queue_ms = LINK_MIX[rng.choice(len(LINK_MIX), p=[m[0] for m in LINK_MIX])]
+        caps[("up", c)], caps[("down", c)] = up * 1e6, down * 1e6
+        queues[("up", c)] = queues[("down", c)] = queue_ms / 1e3
+        rtt = 2 * (ms + 2) / 1e3
+        bits = model_bytes * 8 * 1514 / 1448
+        common = dict(bits=bits, rtt=rtt, loss=loss, seg_bits=1514 * 8.0, mss=1448)
+        transfers.append(dict(start=0.0, path=(("up", "server"), ("down", c)), latency=rtt / 2,
+                              connection=("server", c), rng=np.random.default_rng([seed, c, 0]), **common))
+        transfers.append(dict(after=len(transfers) - 1, gap=float(rng.uniform(2, 20)), path=(("up", c), ("down", "server")),
+                              latency=rtt / 2, connection=(c, "server"), rng=np.random.default_rng([seed, c, 1]), **common))
+    return FlowModel(caps, transport=TcpTransport(), queue_s=queues), transfers
+
+
+def measure_tcp_round(clients: int) -> dict:
+    """The round with the compiled filling and with the Python one, alternately, best of three each."""
+    compiled = links._compiled_fill
+    if compiled is None:
+        return {"clients": clients, "compiled_s": None, "python_s": None, "speedup": None, "note": "emulator/_flowfill.c not built"}
+    times: dict[str, list[float]] = {"compiled": [], "python": []}
+    results = {}
+    calls = {"n": 0}
+
+    def counted(*args):
+        calls["n"] += 1
+        return compiled(*args)
+    try:
+        for _ in range(3):
+            for name, fill in (("compiled", counted), ("python", None)):
+                links._compiled_fill = fill
+                model, transfers = tcp_round(clients)
+                calls["n"] = 0
+                start = time.perf_counter()
+                results[name] = simulate(model, transfers)
+                times[name].append(time.perf_counter() - start)
+                if name == "compiled":
+                    fills = calls["n"]
+    finally:
+        links._compiled_fill = compiled
+    if [(a.hex(), b.hex()) for a, b in results["compiled"]] != [(a.hex(), b.hex()) for a, b in results["python"]]:
+        raise SystemExit("the compiled and the Python filling gave different arrival times")
+    c, p = min(times["compiled"]), min(times["python"])
+    return {"clients": clients, "fills": fills, "compiled_s": round(c, 3), "python_s": round(p, 3), "speedup": round(p / c, 2),
+            "round_s": round(max(b for _, b in results["compiled"]), 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--flows", type=int, default=10_000)
     ap.add_argument("--finishing", type=int, default=50, help="flows that finish, one at a time (medians over them)")
+    ap.add_argument("--clients", type=int, default=130, help="clients in the tcp round")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     plain = measure(args.flows, args.finishing, cell=False)
     cell = measure(args.flows, min(args.finishing, 20), cell=True)
+    tcp = measure_tcp_round(args.clients)
     if args.json:
-        print(json.dumps({**plain, "cell": cell}))
+        print(json.dumps({**plain, "cell": cell, "tcp_round": tcp}))
         return
+    if tcp["compiled_s"] is not None:
+        print(f"tcp round, {tcp['clients']} clients ({tcp['fills']} fillings, {tcp['round_s']} emulated s): "
+              f"compiled filling {tcp['compiled_s']:.3f} s, Python filling {tcp['python_s']:.3f} s, speedup {tcp['speedup']:.2f}x "
+              "(the same arrival times bit for bit)")
     for name, f in (("star (server link + own access links)", plain), ("star with a shared cell for 10 %", cell)):
         print(f"{name}, {f['flows']} flows, one finishing: from scratch {f['scratch_ms']:.3f} ms, "
               f"incremental {f['incremental_ms']:.4f} ms, speedup {f['speedup']:.0f}x "
