@@ -242,6 +242,10 @@ class Selection(Strict):
 class RoundPolicy(Strict):
     policy: Literal["all", "first_k"] = Field("all", description="first_k: close at P updates (with over-selection)")
     timeout_s: Optional[float] = Field(None, gt=0, description="round deadline; null waits for every selected client")
+    notify_closed: bool = Field(
+        False, description="when a round closes, the server tells the selected clients it did not hear from (a small "
+                           "message through the network): they stop and upload nothing, instead of finishing and "
+                           "uploading an update the server discards")
 
 
 class CodecSpec(BaseModel):
@@ -605,6 +609,20 @@ class Scenario(Strict):
         if name not in NOT_STRATEGIES and strategy_class(name).keeps_late and self.round.timeout_s is None:
             raise ValueError(f"round.timeout_s: {name} keeps the updates a round's deadline cut off; without a "
                              f"deadline there are none (set one)")
+        return self
+
+    @model_validator(mode="after")
+    def _closed_rounds_are_told_by_a_server(self):
+        if not self.round.notify_closed:
+            return self
+        name = self.algorithm.name
+        if self.topology != "star" or name in NOT_STRATEGIES:
+            raise ValueError(f"round.notify_closed: the synchronous server of topology star tells clients that a round "
+                             f"closed; here the topology is {self.topology} and algorithm.name {name}")
+        strategy = strategy_class(name)
+        if strategy.asynchronous or strategy.keeps_late:
+            raise ValueError(f"round.notify_closed: {name} uses updates that arrive after their round closed; "
+                             f"telling their clients to stop would lose them (leave notify_closed false)")
         return self
 
     @model_validator(mode="after")

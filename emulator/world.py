@@ -195,6 +195,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         aggregate_s=sc.server.aggregate_ms / 1000.0, schedule=schedule,
         samples={c.profile.name: int(c.profile.indices.size) for c in clients},
         selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
+        notify_closed=sc.round.notify_closed,
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
         min_clients=sc.selection.min_clients, wait_s=sc.selection.wait_s, checkpoint_every=sc.run.checkpoint_every,
         selection_params=_selection_params(sc), strategy=strategy, oort=OortParams(**sc.selection.oort.model_dump()),

@@ -113,7 +113,7 @@ class Trainer:
 
 
 class ClientActor(Checkpointable):
-    STATE = ("rejected", "generation", "pending", "feedback", "rdp_spent")
+    STATE = ("rejected", "generation", "pending", "feedback", "rdp_spent", "closed_through")
 
     def __init__(self, profile: ClientProfile, trainer: Trainer, cfg: ClientConfig):
         self.name = profile.name
@@ -126,6 +126,7 @@ class ClientActor(Checkpointable):
         self.feedback = ErrorFeedback() if cfg.error_feedback else None
         self.up_stats = ChannelStats()
         self.rdp_spent: tuple[float, ...] | None = None  # the RDP curve of every release this client sent
+        self.closed_through = -1  # the server said its rounds up to this one closed (round.notify_closed)
 
     # What training reads is made at the first task that needs it: an idle client of a large
     # population is its profile and a few counters, not arrays of its own.
@@ -169,7 +170,13 @@ class ClientActor(Checkpointable):
             if self.cfg.checkin:
                 return Reaction(sends=[Send(self.profile.aggregator, "checkin", -1, self.profile.status(msg.device))])
             return Reaction()
+        if msg.kind == "closed":
+            self.closed_through = max(self.closed_through, msg.round)
+            self.pending.pop(msg.round, None)
+            return Reaction()
         if msg.kind == "task":
+            if msg.round <= self.closed_through:
+                return Reaction()  # its round closed before the task got here: nothing to do
             return self._send_statistics(msg) if self.cfg.fedalign else self._train(msg, msg)
         if msg.kind == "moments":
             return self._train_aligned(msg)
@@ -200,6 +207,11 @@ class ClientActor(Checkpointable):
             release = None
             if generation != self.generation:
                 return Reaction()  # the device went off and on while this task waited: it died with it
+            if task.round <= self.closed_through:
+                # Told that the round closed before this session's real computation began: nothing it
+                # computes would leave the device. It still answers at its ready time, as a session
+                # that trained does, so the run is the same whichever thread got here first.
+                return lambda: Reaction()
             # Decoded only now: a host may hold tasks for dozens of clients waiting their turn, and the
             # encoded frames are several times smaller than the dequantized float32 model.
             try:
@@ -242,6 +254,8 @@ class ClientActor(Checkpointable):
             def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before
                 if generation != self.generation:
                     return Reaction()  # the device went off and on meanwhile: this work died with it
+                if task.round <= self.closed_through:
+                    return Reaction()  # the server closed the round meanwhile: the update stays here
                 out.commit()
                 if release:
                     self.rdp_spent = self._spent_with(release)

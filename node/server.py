@@ -41,6 +41,7 @@ class ServerConfig:
     selection_params: dict[str, float] = field(default_factory=dict)
     over_selection: float = 1.0  # select ceil(K * this)
     round_policy: str = "all"  # all: wait for every selected client (or the deadline); first_k: close at K updates
+    notify_closed: bool = False  # tell the clients still working on a round that it closed (they stop, upload nothing)
     checkin: bool = False  # True: only clients that checked in are eligible, with their reported status
     checkin_wait_s: float = 0.0  # how long to collect check-ins before a round when too few are eligible
     min_clients: int = 1  # a round needs this many eligible clients...
@@ -288,6 +289,7 @@ class ServerActor(Checkpointable):
         if rnd is None:
             return Reaction()
         self.round = None
+        told = sorted(rnd.waiting - self.down) if self.cfg.notify_closed else []
         rnd.failed.extend(sorted(rnd.waiting))  # deadline or enough updates: whoever has not answered
         for name in rnd.waiting:
             rnd.clients[name] = {"outcome": "no_update"}
@@ -311,7 +313,8 @@ class ServerActor(Checkpointable):
 
             return advance
 
-        return Reaction(work_s=self.cfg.aggregate_s, work=work)
+        # the clients still at work hear that the round closed: they stop and upload nothing
+        return Reaction(sends=[Send(told, "closed", rnd.index)] if told else [], work_s=self.cfg.aggregate_s, work=work)
 
     def _finished(self, t: float, why: str | None = None) -> dict[str, Any]:
         finished = {"type": "finished", "t": t, "rounds_with_clients": self.rounds_with_clients,

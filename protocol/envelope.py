@@ -14,7 +14,7 @@ VERSION = 1
 MAX_ENVELOPE_BYTES = 1 << 20
 
 KINDS = frozenset({"start", "task", "update", "checkin", "stats", "moments", "gossip", "warmup_update", "warmup_model",
-                   "tick", "peer_down", "online", "error"})
+                   "tick", "peer_down", "online", "error", "closed"})
 
 _STR, _INT, _NUM, _MAP, _LIST = str, int, (int, float), dict, list
 _OPTIONAL = object()
