@@ -561,9 +561,16 @@ class Network:
         tr.extra_delay = delay
 
     def _reschedule(self, changed) -> None:
+        heap, transfers = self.flow_heap, self.transfers
         for fid, done_at, version in changed:
-            tr = self.transfers[fid]
-            heapq.heappush(self.flow_heap, (done_at, tr.src, tr.tid, version, fid))
+            heapq.heappush(heap, (done_at, transfers[fid].src, fid, version, fid))
+        if len(heap) > 4 * len(self.flows.flows) + 256:
+            # A rebalance reschedules every flow whose rate moved, so most entries go stale within a
+            # few events: dropping them all at once keeps the heap near the number of flows (its
+            # order is total, so the same entries come out first either way).
+            flows = self.flows.flows
+            self.flow_heap = heap = [e for e in heap if e[4] in flows and flows[e[4]].version == e[3]]
+            heapq.heapify(heap)
         self._sync_flow_head()
 
     def _sync_flow_head(self) -> None:
