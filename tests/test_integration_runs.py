@@ -211,6 +211,15 @@ def test_edge_1000_shortened(tmp_path):
     assert all(c["battery"] == "" or c["charging"] == "True" or float(c["battery"]) >= 0.2 for c in clients)
     assert {c["outcome"] for c in clients} >= {"ok", "late"}
     assert summary["privacy"]["mechanism"] == "laplace" and summary["mean_noise_scale"] > 0
+    # round.notify_closed: round 0's stragglers were told as it closed, and none of them began an
+    # upload after hearing it (one already under way goes on, and is discarded)
+    with open(out / "transfers.csv") as f:
+        transfers = list(csv.DictReader(f))
+    told = {t["dst"]: float(t["t_end"]) for t in transfers if t["kind"] == "closed" and t["round"] == "0"}
+    counted = {c["client"] for c in clients if c["round"] == "0" and c["outcome"] == "ok"}
+    assert told and not set(told) & counted
+    assert not [t for t in transfers if t["kind"] == "update" and t["round"] == "0" and t["src"] in told
+                and float(t["t_start"]) >= told[t["src"]]]
 
 
 def test_population_scenario_shortened(tmp_path):
