@@ -114,16 +114,23 @@ class RunWriter:
         self._transfers.writerow(rec)
         self.unassigned.append(rec)
 
-    def _take_transfers(self, t_end: float, by_round: int | None = None) -> list[dict]:
+    def _take_transfers(self, t_end: float, by_round: int | None = None, through_round: int | None = None) -> list[dict]:
         """The transfers that ended by t_end. The network reports every one of them before the
         report of a round that ends at t_end; later ones may or may not have arrived yet, so they
         wait for the next round. Rounds therefore account for what crossed the network during
         them, and a run's rows are the same on every machine.
 
+        The next round begins at the instant this one ends, and a transfer of it can end at that
+        same instant (a task to a device found offline ends as it starts): with `through_round`,
+        one labelled with a later round waits for its own, whether or not it reached the conductor
+        before this round's report did.
+
         A ring's rounds overlap in time (a client may start the next round while a slower one
         still gossips), so there a round takes the transfers labelled with it (or earlier)."""
         if by_round is not None:
             mine = lambda r: r["round"] <= by_round  # noqa: E731
+        elif through_round is not None:
+            mine = lambda r: r["t_end"] <= t_end and r["round"] <= through_round  # noqa: E731
         else:
             mine = lambda r: r["t_end"] <= t_end  # noqa: E731
         taken = [r for r in self.unassigned if mine(r)]
@@ -172,7 +179,13 @@ class RunWriter:
         self.device_events[rec["client"]].append(rec)
 
     def round(self, rep: dict, wall_s: float) -> dict:
-        taken = self._take_transfers(rep["t_end"], rep["round"] if rep.get("account") == "round" else None)
+        account = rep.get("account")
+        if account == "round":
+            taken = self._take_transfers(rep["t_end"], by_round=rep["round"])
+        elif account is None and not self.aggregators:  # a synchronous server's round
+            taken = self._take_transfers(rep["t_end"], through_round=rep["round"])
+        else:
+            taken = self._take_transfers(rep["t_end"])
         sums = self._sums(taken)
         if self.aggregators:  # the cloud's clients are the edges; the client rows come from the edge rounds
             clients, edge_rows = self._hierarchy_rows(rep, taken)
