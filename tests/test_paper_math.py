@@ -257,3 +257,56 @@ def test_proximal_term_by_hand_and_its_pull():
 
     plain, prox = drift(0.0), drift(1.0)
     assert prox < 0.8 * plain  # the proximal term keeps local weights nearer the global model
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_one_pass_l1_norms_sum_in_double_precision(monkeypatch, compiled):
+    """node/_dpkernels.c (and the torch float64 fallback without it) against a float64 sum done
+    by numpy, on lengths that are and are not multiples of the kernel's 8 accumulators."""
+    from node import privacy
+
+    if compiled and privacy._dpkernels is None:
+        pytest.skip("node/_dpkernels.c is not built here")
+    if not compiled:
+        monkeypatch.setattr(privacy, "_dpkernels", None)
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 7, 8, 9, 1000, 1_663_370):
+        x = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
+        want = float(np.abs(x.numpy().astype(np.float64)).sum())
+        assert privacy.l1_norm(x) == pytest.approx(want, rel=1e-13, abs=1e-300), n
+
+
+def test_the_fused_lipschitz_update_equals_torchs_passes(monkeypatch):
+    """observe's one-pass update writes the same float32 difference and window as torch.sub and +=,
+    bit for bit, and its two norms agree with the float64 reductions to 1e-13."""
+    from node import privacy
+
+    if privacy._dpkernels is None:
+        pytest.skip("node/_dpkernels.c is not built here")
+    rng = np.random.default_rng(6)
+    for n in (13, 1_663_370):
+        grad, prev, window = (torch.from_numpy(rng.standard_normal(n).astype(np.float32)) for _ in range(3))
+        want_window_l1 = float(window.double().abs().sum())
+        want_diff = grad - prev
+        want_window = window + want_diff
+        p, w = prev.clone(), window.clone()
+        window_l1, diff_l1 = privacy._dpkernels.lipschitz_update(grad.numpy(), p.numpy(), w.numpy())
+        assert torch.equal(p, want_diff) and torch.equal(w, want_window)
+        assert window_l1 == pytest.approx(want_window_l1, rel=1e-13)
+        assert diff_l1 == pytest.approx(float(want_diff.double().abs().sum()), rel=1e-13)
+    with pytest.raises(ValueError):
+        privacy._dpkernels.lipschitz_update(np.zeros(3, np.float32), np.zeros(4, np.float32), np.zeros(3, np.float32))
+    with pytest.raises(TypeError):
+        privacy._dpkernels.l1_norm(np.zeros(3, np.float64))
+    # the estimate over a session is the same with the kernel and with torch's passes
+    values = {}
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(privacy, "_dpkernels", None)
+        estimate = privacy.LipschitzEstimate(0.1)
+        gen = np.random.default_rng(7)
+        for _epoch in range(3):
+            for position in range(4):
+                estimate.observe(position, torch.from_numpy(gen.standard_normal(5000).astype(np.float32)))
+        values[compiled] = estimate.value
+    assert values[True] == pytest.approx(values[False], rel=1e-13) and values[True] > 0

@@ -1,0 +1,121 @@
+/* One-pass L1 norms for the Laplace pipeline's training steps (node/privacy.py).
+ *
+ * Every step of the core paper's local training takes the L1 norm of the flat gradient (the
+ * clip), and every step of a later epoch updates the Lipschitz estimate, which needs the norm of
+ * the window of recent gradients, the difference to the previous epoch's gradient at the same
+ * position, and that difference's norm. In torch each is a separate pass over the model-sized
+ * vector, and abs().sum() writes a temporary of its own: here the norm is one read, and the
+ * estimate's update one pass over its three vectors.
+ *
+ * Sums are taken in double precision in 8 interleaved accumulators, added pairwise at the end:
+ * the same order on every machine (no FMA, no fast-math). The float32 values written (the
+ * difference and the window) are exactly torch's: one float subtraction and one float addition
+ * per entry. The GIL is released while a kernel runs. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+/* Built for AVX2 and the baseline, the loader picks one: each of the 8 accumulators is one vector
+   lane either way, so the sums do not depend on the machine. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
+#endif
+
+static int float_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (view->itemsize != 4 || view->format == NULL || strcmp(view->format, "f") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be contiguous float32", what);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static inline double combine(const double a[8]) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+HOT static double l1_loop(const float *x, Py_ssize_t n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += fabs((double)x[i + k]);
+    for (; i < n; i++) acc[i % 8] += fabs((double)x[i]);
+    return combine(acc);
+}
+
+HOT static void update_loop(const float *gr, float *pr, float *wi, Py_ssize_t n, double *window_l1, double *diff_l1) {
+    double wacc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dacc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) {
+            const float before = wi[i + k];
+            const float d = gr[i + k] - pr[i + k];
+            wacc[k] += fabs((double)before);
+            dacc[k] += fabs((double)d);
+            pr[i + k] = d;
+            wi[i + k] = before + d;
+        }
+    for (; i < n; i++) {
+        const float before = wi[i];
+        const float d = gr[i] - pr[i];
+        wacc[i % 8] += fabs((double)before);
+        dacc[i % 8] += fabs((double)d);
+        pr[i] = d;
+        wi[i] = before + d;
+    }
+    *window_l1 = combine(wacc);
+    *diff_l1 = combine(dacc);
+}
+
+static PyObject *l1_norm(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "O", &obj)) return NULL;
+    Py_buffer v;
+    if (float_buffer(obj, &v, 0, "the vector") < 0) return NULL;
+    double total;
+    Py_BEGIN_ALLOW_THREADS
+    total = l1_loop(v.buf, v.len / 4);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    return PyFloat_FromDouble(total);
+}
+
+/* (||window||_1 before the update, ||grad - prev||_1), with prev <- grad - prev and
+   window <- window + (grad - prev), all in one pass. */
+static PyObject *lipschitz_update(PyObject *self, PyObject *args) {
+    PyObject *g_obj, *p_obj, *w_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &g_obj, &p_obj, &w_obj)) return NULL;
+    Py_buffer g, p, w;
+    if (float_buffer(g_obj, &g, 0, "grad") < 0) return NULL;
+    if (float_buffer(p_obj, &p, 1, "prev") < 0) { PyBuffer_Release(&g); return NULL; }
+    if (float_buffer(w_obj, &w, 1, "window") < 0) { PyBuffer_Release(&g); PyBuffer_Release(&p); return NULL; }
+    if (g.len != p.len || g.len != w.len) {
+        PyBuffer_Release(&g); PyBuffer_Release(&p); PyBuffer_Release(&w);
+        PyErr_SetString(PyExc_ValueError, "grad, prev and window must have the same length");
+        return NULL;
+    }
+    double window_l1, diff_l1;
+    Py_BEGIN_ALLOW_THREADS
+    update_loop(g.buf, p.buf, w.buf, g.len / 4, &window_l1, &diff_l1);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&p);
+    PyBuffer_Release(&w);
+    return Py_BuildValue("dd", window_l1, diff_l1);
+}
+
+static PyMethodDef METHODS[] = {
+    {"l1_norm", l1_norm, METH_VARARGS, "l1_norm(x) -> sum |x| of contiguous float32 values, summed in double."},
+    {"lipschitz_update", lipschitz_update, METH_VARARGS,
+     "lipschitz_update(grad, prev, window) -> (|window|_1, |grad - prev|_1); prev <- grad - prev, window += that."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_dpkernels", "One-pass L1 norms for DP training.", -1, METHODS};
+
+PyMODINIT_FUNC PyInit__dpkernels(void) { return PyModule_Create(&MODULE); }
