@@ -392,8 +392,10 @@ class FlowModel:
             load: dict[Hashable, float] = {}
             pinned: set = set()
             self.load, self.pinned = load, pinned
-            # the standing queues afresh (what _standing_queues does), in place once every flow's
-            # window has seen its new rate: until then its RTT is the one it had
+            # the standing queues afresh: the window beyond a flow's share of the BDP waits in its
+            # bottleneck's buffer, and that queue delays every flow through the link (for their next
+            # rounds). In place once every flow's window has seen its new rate: until then its RTT
+            # is the one it had
             excess: dict[Hashable, tuple[Hashable, float]] = {}
             held: dict[Hashable, list] = {}
         for (fid, flow), rate, link in zip(active, rates, bottlenecks):
@@ -440,18 +442,6 @@ class FlowModel:
             flow.done_at = INF
         if flow.done_at < INF:
             changed.append((fid, flow.done_at, flow.version))
-
-    def _standing_queues(self, ids: list[Hashable]) -> None:
-        """The window beyond a flow's share of the BDP waits in its bottleneck's buffer, and that
-        queue delays every flow through the link (used for their next rounds). All flows afresh
-        (after new rates); `_queue_of` redoes one flow's part (after its own event)."""
-        self.excess, self.held, self.qdelay, self.fill = {}, {}, {}, {}
-        for fid in ids:
-            part = self._excess_of(self.flows[fid])
-            if part is not None:
-                self._add_excess(fid, part)
-        for link in self.held:
-            self._link_queue(link)
 
     def _excess_of(self, flow: Flow) -> tuple[Hashable, float] | None:
         st = flow.tcp
