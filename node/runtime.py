@@ -70,6 +70,7 @@ class Runtime:
         self.counters = {name: itertools.count() for name in self.actors}
         if restore is not None:
             self._restore(restore)
+        self._wake_closers: list[Callable[[], None]] = []
         self._jobs: list[_Job] = []
         self._jobs_cv = threading.Condition()
         self._job_seq = itertools.count()
@@ -88,14 +89,29 @@ class Runtime:
 
     # ---- threads -------------------------------------------------------------------------
     def _signal(self, ctx: zmq.Context, address: str) -> Callable[[], None]:
+        """A thread's way to wake the socket loop: a PUSH socket of its own. The loop closes it
+        (under the same lock) before it destroys the context, so that a thread still finishing a
+        job never sends on a socket being torn down (libzmq aborts the process then: a remote host
+        ended with SIGABRT under load)."""
         sock = ctx.socket(zmq.PUSH)
         sock.connect(address)
         lock = threading.Lock()
+        is_open = [True]
 
         def wake() -> None:
             with lock:
-                sock.send(b"", zmq.NOBLOCK)
+                if is_open[0]:
+                    try:
+                        sock.send(b"", zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        pass  # a full queue of wake-ups already wakes the loop
 
+        def close() -> None:
+            with lock:
+                is_open[0] = False
+                sock.close(linger=0)
+
+        self._wake_closers.append(close)
         return wake
 
     def _worker(self, wake: Callable[[], None]) -> None:
@@ -310,6 +326,8 @@ class Runtime:
                 self._stopping = True
                 self._jobs_cv.notify_all()
             self._reports.put(None)
+            for close in self._wake_closers:
+                close()
             ctx.destroy(linger=0)
 
     @staticmethod
