@@ -370,14 +370,12 @@ class FlowModel:
                     continue
                 cap = 0.0
             else:
-                # TcpTransport.cap: W over the RTT less the flow's own standing queue
-                queued = 0
+                # TcpTransport.cap: W over the RTT (path_qdelay's sum, in its order) less the flow's
+                # own standing queue
+                queued = 0.0
                 if qdelay:
                     for link in flow.path:
                         queued += qdelay.get(link, 0.0)
-                else:
-                    for _ in flow.path:
-                        queued += 0.0
                 cap = st.conn.cwnd * st.seg_bits / ((st.rtt_base + queued) - self.own_qdelay(fid))
             if cap < INF:
                 window = ("window", fid)
@@ -418,10 +416,7 @@ class FlowModel:
                         load[on] = load.get(on, 0.0) + rate
                 part = self._excess_of(flow)
                 if part is not None:
-                    excess[fid] = part
-                    entry = held.setdefault(part[0], [0.0, 0])
-                    entry[0] += part[1]
-                    entry[1] += 1
+                    _add_excess(excess, held, fid, part)
         if tcp:
             self.excess, self.held, self.qdelay, self.fill = excess, held, {}, {}
             for link in held:
@@ -454,14 +449,8 @@ class FlowModel:
         self._drop_excess(fid)
         part = self._excess_of(flow)
         if part is not None:
-            self._add_excess(fid, part)
+            _add_excess(self.excess, self.held, fid, part)
             self._link_queue(part[0])
-
-    def _add_excess(self, fid: Hashable, part: tuple[Hashable, float]) -> None:
-        self.excess[fid] = part
-        entry = self.held.setdefault(part[0], [0.0, 0])
-        entry[0] += part[1]
-        entry[1] += 1
 
     def _drop_excess(self, fid: Hashable) -> None:
         part = self.excess.pop(fid, None)
@@ -494,6 +483,14 @@ class FlowModel:
         if part is None or part[0] not in self.fill:
             return 0.0
         return part[1] * self.fill[part[0]] / self.capacity[part[0]]
+
+
+def _add_excess(excess: dict, held: dict, fid: Hashable, part: tuple[Hashable, float]) -> None:
+    """Count a flow's window beyond its BDP (`part`: its bottleneck link, bits) in the link's total."""
+    excess[fid] = part
+    entry = held.setdefault(part[0], [0.0, 0])
+    entry[0] += part[1]
+    entry[1] += 1
 
 
 def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
