@@ -6,7 +6,9 @@
  * stream as protocol/bitpack.py. tests/test_kernels.py compares the two byte for byte.
  *
  * Codes are packed in records of 8 values, which are exactly `bits` bytes; with `bits` a
- * compile-time constant in each specialisation the record is straight-line shifts. */
+ * compile-time constant in each specialisation the record is straight-line shifts and masks.
+ * Needs a compiler with unsigned __int128 (GCC, Clang on 64-bit); elsewhere the build of this
+ * optional module fails and the numpy path is used. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -59,87 +61,102 @@ static inline uint32_t mix32(uint32_t x) { /* lowbias32 (C. Wellons): a bijectiv
 }
 
 /* ---- packing: one function per bit-length ------------------------------------------------ */
-#define PACK_RECORD(B, c, o) do {                                                  \
-        if ((B) <= 8) { /* the record fits one 64-bit word */                      \
-            uint64_t w = 0;                                                        \
-            for (int j = 0; j < 8; j++) w |= (uint64_t)(c)[j] << (j * (B));        \
-            memcpy((o), &w, (B));                                                  \
-        } else { /* a 64-bit accumulator flushed 32 bits at a time: with B constant and  \
-                    the loop unrolled, every shift and flush point is a constant */        \
-            uint64_t acc = 0;                                                      \
-            int nb = 0;                                                            \
-            uint8_t *p = (o);                                                      \
-            for (int j = 0; j < 8; j++) {                                          \
-                acc |= (uint64_t)(c)[j] << nb;                                     \
-                nb += (B);                                                         \
-                if (nb >= 32) {                                                    \
-                    const uint32_t w = (uint32_t)acc;                              \
-                    memcpy(p, &w, 4);                                              \
-                    p += 4;                                                        \
-                    acc >>= 32;                                                    \
-                    nb -= 32;                                                      \
-                }                                                                  \
-            }                                                                      \
-            memcpy(p, &acc, nb >> 3); /* 8 values end on a byte */                 \
-        }                                                                          \
-    } while (0)
+/* Codes are held in the narrowest word that fits them (8 bits for b <= 8, 16 for b <= 16, else 32),
+   so a record of 8 codes is one, two or four 64-bit words. Packing squeezes each word's fields
+   together by halves (SWAR: pairs of fields, then pairs of pairs), a few shifts and masks per
+   word instead of one shift and OR per code; unpacking spreads them back the same way. A record
+   is B bytes; it is stored (and read) as whole 8-, 16- or 32-byte words reaching into the records
+   after it (which are written later), except where fewer bytes than that follow it in the range:
+   there exactly, so nothing outside the range is touched. */
+typedef unsigned __int128 u128;
+#define LOW(n) ((n) >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << (n)) - 1))
 
-#define UNPACK_RECORD(B, in, c) do {                                               \
-        if ((B) <= 8) {                                                            \
-            uint64_t w = 0;                                                        \
-            memcpy(&w, (in), (B));                                                 \
-            for (int j = 0; j < 8; j++) (c)[j] = (uint32_t)(w >> (j * (B))) & ((1u << ((B) & 31)) - 1u); \
-        } else {                                                                   \
-            uint64_t w[5] = {0, 0, 0, 0, 0};                                       \
-            memcpy(w, (in), (B));                                                  \
-            const uint64_t mask = (((uint64_t)1) << (B)) - 1;                      \
-            for (int j = 0; j < 8; j++) {                                          \
-                const int off = j * (B), at = off >> 6, sh = off & 63;             \
-                uint64_t v = w[at] >> sh;                                          \
-                if (sh + (B) > 64) v |= w[at + 1] << (64 - sh);                    \
-                (c)[j] = (uint32_t)(v & mask);                                     \
-            }                                                                      \
-        }                                                                          \
-    } while (0)
+/* SQUEEZE: in each pair of lanes (a 2*lane-bit field) whose halves hold f-bit values (2f <= the
+   pair), the upper value moves down to sit right above the lower one. SPREAD undoes it. */
+#define SQUEEZE(v, lane, f) (((v) & REP_##lane(LOW(lane))) | (((v) & ~REP_##lane(LOW(lane))) >> (((lane) - (f)) & 63)))
+#define SPREAD(v, lane, f) (((v) & REP_##lane(LOW(f))) | (((v) << (((lane) - (f)) & 63)) & (REP_##lane(LOW(f)) << (lane))))
+#define REP_8(m) ((uint64_t)(m) * 0x0001000100010001ULL)
+#define REP_16(m) ((uint64_t)(m) * 0x0000000100000001ULL)
+#define REP_32(m) ((uint64_t)(m))
 
+/* two copies of constant length, not one of a chosen length (which is a call to memcpy) */
+#define STORE(o, w, n_exact, n_word, exact) do { if (exact) memcpy((o), (w), (n_exact)); else memcpy((o), (w), (n_word)); } while (0)
+
+static inline uint64_t load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline void store64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* Each packer first squeezes the codes' 64-bit words in place (a loop over words that vectorises),
+   then joins each record's words into its B bytes; each unpacker splits the bytes into words,
+   then spreads them in place. */
 #define DEFINE_PACKERS(B)                                                          \
-    HOT static void pack_##B(const uint32_t *c, size_t records, uint8_t *o) {     \
-        if ((B) == 8 || (B) == 16 || (B) == 32) { /* byte-aligned: narrowing stores */ \
-            for (size_t t = 0; t < 8 * records; t++) {                             \
-                if ((B) == 8) o[t] = (uint8_t)c[t];                                \
-                else if ((B) == 16) { uint16_t v = (uint16_t)c[t]; memcpy(o + 2 * t, &v, 2); } \
-                else memcpy(o + 4 * t, c + t, 4);                                  \
-            }                                                                      \
+    HOT static void pack_##B(uint8_t *c, size_t records, uint8_t *o) {            \
+        if ((B) == 8 || (B) == 16 || (B) == 32) { /* the codes' words are the stream */ \
+            memcpy(o, c, (size_t)(B) * records);                                   \
             return;                                                                \
         }                                                                          \
-        for (size_t r = 0; r < records; r++) PACK_RECORD(B, c + 8 * r, o + (B) * r); \
+        const size_t words = records * ((B) < 8 ? 1 : (B) < 16 ? 2 : 4);           \
+        for (size_t t = 0; t < words; t++) {                                       \
+            uint64_t v = load64(c + 8 * t);                                        \
+            if ((B) < 8) v = SQUEEZE(SQUEEZE(SQUEEZE(v, 8, (B)), 16, 2 * (B)), 32, 4 * (B)); \
+            else if ((B) < 16) v = SQUEEZE(SQUEEZE(v, 16, (B)), 32, 2 * (B));      \
+            else v = SQUEEZE(v, 32, (B));                                          \
+            store64(c + 8 * t, v);                                                 \
+        }                                                                          \
+        for (size_t r = 0; r < records; r++) {                                     \
+            const size_t after = (size_t)(B) * (records - 1 - r); /* bytes of the range after it */ \
+            uint8_t *out = o + (size_t)(B) * r;                                    \
+            if ((B) < 8) {                                                         \
+                const uint64_t v = load64(c + 8 * r);                              \
+                STORE(out, &v, (B), 8, after + (B) < 8);                           \
+            } else if ((B) < 16) {                                                 \
+                const u128 rec = (u128)load64(c + 16 * r) | ((u128)load64(c + 16 * r + 8) << ((4 * (B)) & 127)); \
+                STORE(out, &rec, (B), 16, after + (B) < 16);                       \
+            } else { /* two halves of two pairs (4B bits each); an odd B's halves share a byte */ \
+                const u128 q0 = (u128)load64(c + 32 * r) | ((u128)load64(c + 32 * r + 8) << ((2 * (B)) & 127)); \
+                const u128 q1 = (u128)load64(c + 32 * r + 16) | ((u128)load64(c + 32 * r + 24) << ((2 * (B)) & 127)); \
+                const u128 second = ((B) & 1) ? (q0 >> ((4 * (B) - 4) & 127)) | (q1 << 4) : q1; \
+                STORE(out, &q0, (size_t)(B) / 2, 16, after < 16);                  \
+                STORE(out + (B) / 2, &second, (size_t)((B) + 1) / 2, 16, after < 16); \
+            }                                                                      \
+        }                                                                          \
     }                                                                              \
-    HOT static void unpack_##B(const uint8_t *in, size_t records, uint32_t *c) {  \
+    HOT static void unpack_##B(const uint8_t *in, size_t records, uint8_t *c) {   \
         if ((B) == 8 || (B) == 16 || (B) == 32) {                                  \
-            for (size_t t = 0; t < 8 * records; t++) {                             \
-                if ((B) == 8) c[t] = in[t];                                        \
-                else if ((B) == 16) { uint16_t v; memcpy(&v, in + 2 * t, 2); c[t] = v; } \
-                else memcpy(c + t, in + 4 * t, 4);                                 \
-            }                                                                      \
+            memcpy(c, in, (size_t)(B) * records);                                  \
             return;                                                                \
         }                                                                          \
-        size_t r = 0;                                                              \
-        if ((B) < 8) /* one 8-byte load per record while the next record covers the overread */ \
-            for (; r + 1 < records; r++) {                                         \
-                uint64_t w;                                                        \
-                memcpy(&w, in + (B) * r, 8);                                       \
-                for (int j = 0; j < 8; j++) c[8 * r + j] = (uint32_t)(w >> (j * (B))) & ((1u << ((B) & 31)) - 1u); \
+        for (size_t r = 0; r < records; r++) {                                     \
+            const size_t after = (size_t)(B) * (records - 1 - r);                  \
+            const uint8_t *rec = in + (size_t)(B) * r;                             \
+            if ((B) < 8) {                                                         \
+                uint64_t w = 0;                                                    \
+                STORE(&w, rec, (B), 8, after + (B) < 8);                           \
+                store64(c + 8 * r, w & LOW(8 * (B)));                              \
+            } else if ((B) < 16) {                                                 \
+                u128 w = 0;                                                        \
+                STORE(&w, rec, (B), 16, after + (B) < 16);                         \
+                store64(c + 16 * r, (uint64_t)w & LOW(4 * (B)));                   \
+                store64(c + 16 * r + 8, (uint64_t)(w >> ((4 * (B)) & 127)) & LOW(4 * (B))); \
+            } else {                                                               \
+                u128 q0 = 0, q1 = 0;                                               \
+                STORE(&q0, rec, (size_t)(B) / 2 + ((B) & 1), 16, after < 16);      \
+                STORE(&q1, rec + (B) / 2, (size_t)((B) + 1) / 2, 16, after < 16);  \
+                if ((B) & 1) q1 >>= 4;                                             \
+                const uint64_t pair = LOW(2 * (B));                                \
+                store64(c + 32 * r, (uint64_t)q0 & pair);                          \
+                store64(c + 32 * r + 8, (uint64_t)(q0 >> ((2 * (B)) & 127)) & pair); \
+                store64(c + 32 * r + 16, (uint64_t)q1 & pair);                     \
+                store64(c + 32 * r + 24, (uint64_t)(q1 >> ((2 * (B)) & 127)) & pair); \
             }                                                                      \
-        else /* one unaligned 8-byte load per value, at its first byte */          \
-            for (; r + 1 < records; r++) {                                         \
-                const uint8_t *rec = in + (B) * r;                                 \
-                for (int j = 0; j < 8; j++) {                                      \
-                    uint64_t w;                                                    \
-                    memcpy(&w, rec + ((j * (B)) >> 3), 8);                         \
-                    c[8 * r + j] = (uint32_t)((w >> ((j * (B)) & 7)) & ((((uint64_t)1) << (B)) - 1)); \
-                }                                                                  \
-            }                                                                      \
-        for (; r < records; r++) UNPACK_RECORD(B, in + (B) * r, c + 8 * r);        \
+        }                                                                          \
+        const size_t words = records * ((B) < 8 ? 1 : (B) < 16 ? 2 : 4);           \
+        for (size_t t = 0; t < words; t++) {                                       \
+            uint64_t v = load64(c + 8 * t);                                        \
+            if ((B) < 8) v = SPREAD(SPREAD(SPREAD(v, 32, 4 * (B)), 16, 2 * (B)), 8, (B)); \
+            else if ((B) < 16) v = SPREAD(SPREAD(v, 32, 2 * (B)), 16, (B));        \
+            else v = SPREAD(v, 32, (B));                                           \
+            store64(c + 8 * t, v);                                                 \
+        }                                                                          \
     }
 
 DEFINE_PACKERS(2) DEFINE_PACKERS(3) DEFINE_PACKERS(4) DEFINE_PACKERS(5) DEFINE_PACKERS(6)
@@ -150,8 +167,8 @@ DEFINE_PACKERS(22) DEFINE_PACKERS(23) DEFINE_PACKERS(24) DEFINE_PACKERS(25) DEFI
 DEFINE_PACKERS(27) DEFINE_PACKERS(28) DEFINE_PACKERS(29) DEFINE_PACKERS(30) DEFINE_PACKERS(31)
 DEFINE_PACKERS(32)
 
-typedef void (*pack_fn)(const uint32_t *, size_t, uint8_t *);
-typedef void (*unpack_fn)(const uint8_t *, size_t, uint32_t *);
+typedef void (*pack_fn)(uint8_t *, size_t, uint8_t *);
+typedef void (*unpack_fn)(const uint8_t *, size_t, uint8_t *);
 #define P(B) pack_##B
 #define U(B) unpack_##B
 static const pack_fn PACKERS[33] = {0, 0, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12),
@@ -161,38 +178,56 @@ static const unpack_fn UNPACKERS[33] = {0, 0, U(2), U(3), U(4), U(5), U(6), U(7)
     U(13), U(14), U(15), U(16), U(17), U(18), U(19), U(20), U(21), U(22), U(23), U(24), U(25), U(26), U(27),
     U(28), U(29), U(30), U(31), U(32)};
 
-/* ---- quantization of values [start, end) into codes -------------------------------------- */
-/* float32 arithmetic for b <= 16, float64 beyond (dense.py's _work_dtype) */
-HOT static void quantize_f32(const float *x, size_t start, size_t end, size_t slice_len, const float *s,
-                             float qmax, int stochastic, uint32_t key, uint32_t *codes) {
-    const float top = 2.0f * qmax;
-    size_t i = start;
-    while (i < end) {
-        const size_t k = i / slice_len;
-        const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end;
-        const float sk = s[k];
-        uint32_t *c = codes + (i - start);
-        const float *xi = x + i;
-        const size_t m = stop - i;
-        const uint32_t base = (uint32_t)i + key;
-        /* codes stay below 2^16 here, so the signed conversion (one vector instruction) is exact;
-           the branch on `stochastic` is hoisted out of the loop by the compiler */
-        for (size_t t = 0; t < m; t++) {
-            float y = xi[t] * sk;
-            y = y + qmax;
-            if (stochastic) y = y + (float)(int32_t)(mix32(base + (uint32_t)t) >> 8) * 0x1p-24f;
-            else y = rint_pos_f(y);
-            y = y < 0.0f ? 0.0f : y;
-            y = y > top ? top : y;
-            c[t] = (uint32_t)(int32_t)y;
-        }
-        i = stop;
-    }
+static inline size_t code_width(int bits) { return bits <= 8 ? 1 : bits <= 16 ? 2 : 4; }
+
+/* The chunk's codes live in a local buffer. Where its address is (nearly) that of the data it is
+   read from or written beside modulo 4 KiB, the CPU takes each load for one of the stores in
+   flight (4K aliasing), which made the same kernel up to 1.4x slower on some arrays than on
+   others. So the codes start half a page away from `ref` (the input or the output array). */
+#define CODE_BUFFER (CHUNK * 4 + 4096 + 64)
+typedef union { uint8_t u8[CODE_BUFFER]; uint16_t u16[CODE_BUFFER / 2]; uint32_t u32[CODE_BUFFER / 4]; } code_buffer;
+
+static inline size_t away_from(const code_buffer *buf, const void *ref) {
+    return (((uintptr_t)ref + 2048 - (uintptr_t)buf->u8) & 4095) & ~(size_t)63; /* bytes; 64-aligned */
 }
+
+/* ---- quantization of values [start, end) into codes -------------------------------------- */
+/* float32 arithmetic for b <= 16, float64 beyond (dense.py's _work_dtype). The dither's counter
+   is a 32-bit vector of its own (a 64-bit index narrowed in the loop costs a shuffle per vector). */
+#define DEFINE_QUANTIZE_F32(T)                                                     \
+    HOT static void quantize_f32_##T(const float *x, size_t start, size_t end, size_t slice_len, const float *s, \
+                                     float qmax, int stochastic, uint32_t key, T *codes) { \
+        const float top = 2.0f * qmax;                                             \
+        size_t i = start;                                                          \
+        while (i < end) {                                                          \
+            const size_t k = i / slice_len;                                        \
+            const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end; \
+            const float sk = s[k];                                                 \
+            T *c = codes + (i - start);                                            \
+            const float *xi = x + i;                                               \
+            const uint32_t m = (uint32_t)(stop - i); /* at most CHUNK */           \
+            const uint32_t base = (uint32_t)i + key;                               \
+            /* codes stay below 2^16 here, so the signed conversion (one vector instruction) \
+               is exact; the branch on `stochastic` is hoisted out of the loop by the compiler */ \
+            for (uint32_t t = 0; t < m; t++) {                                     \
+                float y = xi[t] * sk;                                              \
+                y = y + qmax;                                                      \
+                if (stochastic) y = y + (float)(int32_t)(mix32(base + t) >> 8) * 0x1p-24f; \
+                else y = rint_pos_f(y);                                            \
+                y = y > 0.0f ? y : 0.0f; /* maxps; finite inputs, so the same as a clip */ \
+                y = y < top ? y : top;                                             \
+                c[t] = (T)(int32_t)y;                                              \
+            }                                                                      \
+            i = stop;                                                              \
+        }                                                                          \
+    }
+DEFINE_QUANTIZE_F32(uint8_t)
+DEFINE_QUANTIZE_F32(uint16_t)
 
 HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t slice_len, const double *s,
                              double qmax, int stochastic, uint32_t key, uint32_t *codes) {
     const double top = 2.0 * qmax;
+    const int wide = top >= 0x1p31;
     size_t i = start;
     while (i < end) {
         const size_t k = i / slice_len;
@@ -200,27 +235,38 @@ HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t sl
         const double sk = s[k];
         uint32_t *c = codes + (i - start);
         const float *xi = x + i;
-        const size_t m = stop - i;
+        const uint32_t m = (uint32_t)(stop - i);
         const uint32_t base = (uint32_t)i + key;
-        for (size_t t = 0; t < m; t++) {
+        for (uint32_t t = 0; t < m; t++) {
             double y = (double)xi[t] * sk;
             y = y + qmax;
-            if (stochastic) y = y + (double)((float)(int32_t)(mix32(base + (uint32_t)t) >> 8) * 0x1p-24f);
+            if (stochastic) y = y + (double)((float)(int32_t)(mix32(base + t) >> 8) * 0x1p-24f);
             else y = rint_pos_d(y);
-            y = y < 0.0 ? 0.0 : y;
-            y = y > top ? top : y;
-            c[t] = d_to_u32(trunc(y));
+            y = y > 0.0 ? y : 0.0;
+            y = y < top ? y : top;
+            /* below 2^31 (b < 32) the signed truncation is one instruction */
+            c[t] = wide ? d_to_u32(trunc(y)) : (uint32_t)(int32_t)y;
         }
         i = stop;
     }
 }
 
-HOT static void dequant_f32(const uint32_t *c, size_t m, float q, float sk, float *out) {
-    for (size_t t = 0; t < m; t++) out[t] = ((float)(int32_t)c[t] - q) * sk; /* codes < 2^16: exact */
-}
+#define DEFINE_DEQUANT_F32(T)                                                      \
+    HOT static void dequant_f32_##T(const T *c, size_t m, float q, float sk, float *out) { \
+        for (size_t t = 0; t < m; t++) out[t] = ((float)(int32_t)c[t] - q) * sk; /* codes < 2^24: exact */ \
+    }
+DEFINE_DEQUANT_F32(uint8_t)
+DEFINE_DEQUANT_F32(uint16_t)
+/* For b <= 24 too: codes below 2^24 and c - q are exact in float32, and the float32 product of
+   c - q and the scale is their exact product (48 bits in double) rounded once, as in dense.py's
+   float64 path, so the values are the same bit for bit at half the vector width's cost. */
+DEFINE_DEQUANT_F32(uint32_t)
 
 HOT static void dequant_f64(const uint32_t *c, size_t m, double q, double sk, float *out) {
-    for (size_t t = 0; t < m; t++) out[t] = (float)((u32_to_d(c[t]) - q) * sk);
+    if (q < 0x1p30) /* b < 32: codes below 2^31 convert as signed, one instruction */
+        for (size_t t = 0; t < m; t++) out[t] = (float)(((double)(int32_t)c[t] - q) * sk);
+    else
+        for (size_t t = 0; t < m; t++) out[t] = (float)((u32_to_d(c[t]) - q) * sk);
 }
 
 /* max |x| per slice as the bit pattern of a non-negative float, whose integer order is the
@@ -303,19 +349,25 @@ static PyObject *quantize_pack(PyObject *self, PyObject *args) {
     {
         const size_t slice_len = n / slices;
         const double qmax = (double)((1u << (bits - 1)) - 1u);
-        uint32_t codes[CHUNK + 8];
+        const size_t width = code_width(bits);
+        code_buffer buf;
+        const size_t at0 = away_from(&buf, xb.buf);
+        uint8_t *c8 = buf.u8 + at0;
+        uint16_t *c16 = buf.u16 + at0 / 2;
+        uint32_t *c32 = buf.u32 + at0 / 4;
         uint8_t *out = (uint8_t *)ob.buf;
         Py_BEGIN_ALLOW_THREADS
         for (size_t start = 0; start < n; start += CHUNK) {
             const size_t end = start + CHUNK < n ? start + CHUNK : n;
-            if (bits > 16) quantize_f64((const float *)xb.buf, start, end, slice_len, (const double *)sb.buf, qmax, stochastic, key, codes);
-            else quantize_f32((const float *)xb.buf, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, codes);
+            if (bits > 16) quantize_f64((const float *)xb.buf, start, end, slice_len, (const double *)sb.buf, qmax, stochastic, key, c32);
+            else if (bits > 8) quantize_f32_uint16_t((const float *)xb.buf, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, c16);
+            else quantize_f32_uint8_t((const float *)xb.buf, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, c8);
             const size_t count = end - start, full = count / 8;
-            PACKERS[bits](codes, full, out + (start / 8) * bits);
+            PACKERS[bits](c8, full, out + (start / 8) * bits);
             if (count % 8) { /* the last, partial record: only its own bytes */
                 uint8_t tail[32];
-                uint32_t last[8] = {0};
-                memcpy(last, codes + 8 * full, (count % 8) * 4);
+                uint8_t last[32] = {0};
+                memcpy(last, c8 + 8 * full * width, (count % 8) * width);
                 PACKERS[bits](last, 1, tail);
                 const size_t at = ((start / 8) + full) * bits;
                 memcpy(out + at, tail, (n * bits + 7) / 8 - at);
@@ -350,24 +402,31 @@ static PyObject *unpack_dequantize(PyObject *self, PyObject *args) {
         const float *scales = (const float *)sb.buf;
         const uint8_t *in = (const uint8_t *)db.buf;
         float *out = (float *)ob.buf;
-        uint32_t codes[CHUNK + 8];
+        const size_t width = code_width(bits);
+        code_buffer buf;
+        const size_t at0 = away_from(&buf, out);
+        uint8_t *c8 = buf.u8 + at0;
+        const uint16_t *c16 = buf.u16 + at0 / 2;
+        const uint32_t *c32 = buf.u32 + at0 / 4;
         Py_BEGIN_ALLOW_THREADS
         for (size_t start = 0; start < n; start += CHUNK) {
             const size_t end = start + CHUNK < n ? start + CHUNK : n;
             const size_t count = end - start, full = count / 8;
-            UNPACKERS[bits](in + (start / 8) * bits, full, codes);
+            UNPACKERS[bits](in + (start / 8) * bits, full, c8);
             if (count % 8) {
                 uint8_t tail[32] = {0};
                 const size_t at = ((start / 8) + full) * bits;
                 memcpy(tail, in + at, (n * bits + 7) / 8 - at);
-                UNPACKERS[bits](tail, 1, codes + 8 * full);
+                UNPACKERS[bits](tail, 1, c8 + 8 * full * width);
             }
             size_t i = start;
             while (i < end) {
                 const size_t k = i / slice_len;
                 const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end;
-                if (bits > 16) dequant_f64(codes + (i - start), stop - i, (double)qmax, (double)scales[k], out + i);
-                else dequant_f32(codes + (i - start), stop - i, (float)qmax, scales[k], out + i);
+                if (bits > 24) dequant_f64(c32 + (i - start), stop - i, (double)qmax, (double)scales[k], out + i);
+                else if (bits > 16) dequant_f32_uint32_t(c32 + (i - start), stop - i, (float)qmax, scales[k], out + i);
+                else if (bits > 8) dequant_f32_uint16_t(c16 + (i - start), stop - i, (float)qmax, scales[k], out + i);
+                else dequant_f32_uint8_t(c8 + (i - start), stop - i, (float)qmax, scales[k], out + i);
                 i = stop;
             }
         }

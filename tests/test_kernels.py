@@ -41,6 +41,27 @@ def test_compiled_path_matches_on_random_tensors(bits, n, scale, seed):
     assert fast.tobytes() == slow.tobytes()
 
 
+@needs_kernels
+@pytest.mark.parametrize("bits", range(2, 33))
+def test_the_kernels_touch_nothing_past_their_output(bits):
+    """Records are stored as whole 8- or 16-byte words that reach into the records after them;
+    where fewer bytes follow in the output, the kernel must store exactly. Guard bytes right after
+    each output stay as they were, for lengths around the word and chunk sizes."""
+    from protocol import _kernels
+    for n in (1, 8, 9, 16, 17, 24, 40, 4096, 4104, 4111, 8200):
+        x = (np.random.default_rng([bits, n]).normal(size=n)).astype(np.float32)
+        size = (n * bits + 7) // 8
+        scale = np.array([((1 << (bits - 1)) - 1) / 4.0], np.float64 if bits > 16 else np.float32)
+        packed = np.full(size + 64, 0xA5, np.uint8)
+        _kernels.quantize_pack(x, scale, bits, True, 7, packed[:size])
+        assert np.all(packed[size:] == 0xA5), n
+        values = np.full(n + 16, 123.0, np.float32)
+        _kernels.unpack_dequantize(packed[:size].tobytes(), bits, np.array([4.0 / ((1 << (bits - 1)) - 1)], np.float32),
+                                   values[:n])
+        assert np.all(values[n:] == 123.0), n
+        assert np.allclose(values[:n], np.clip(x, -4, 4), atol=8.0 / ((1 << (bits - 1)) - 1) + 1e-6), n
+
+
 def test_the_numpy_path_is_pack_of_quantize():
     x = np.random.default_rng(1).normal(size=1000).astype(np.float32)
     packed, scales = quantize_packed(x, 5, True, False, np.random.default_rng(2), compiled=False)
