@@ -340,6 +340,7 @@ class FlowModel:
         with the same float operations in the same order."""
         self.unsettled = False
         t, transport, qdelay = self.t, self.transport, self.qdelay
+        standing, fill, capacity = self.excess, self.fill, self.capacity  # as of the last rebalance
         active: list[tuple[Hashable, Flow]] = []
         paths, caps = [], {}
         for fid, flow in self.flows.items():
@@ -371,16 +372,19 @@ class FlowModel:
                 cap = 0.0
             else:
                 # TcpTransport.cap: W over the RTT (path_qdelay's sum, in its order) less the flow's
-                # own standing queue
+                # own standing queue (own_qdelay)
                 queued = 0.0
                 if qdelay:
                     for link in flow.path:
                         queued += qdelay.get(link, 0.0)
-                cap = st.conn.cwnd * st.seg_bits / ((st.rtt_base + queued) - self.own_qdelay(fid))
+                own = 0.0
+                part = standing.get(fid)
+                if part is not None and part[0] in fill:
+                    own = part[1] * fill[part[0]] / capacity[part[0]]
+                cap = st.conn.cwnd * st.seg_bits / ((st.rtt_base + queued) - own)
             if cap < INF:
-                window = ("window", fid)
-                caps[window] = cap
-                paths.append((*flow.path, window))
+                caps[st.window_key] = cap
+                paths.append(st.window_path)
             else:
                 paths.append(flow.path)
         rates, bottlenecks = max_min_fill(paths, self.capacity, caps)
@@ -397,13 +401,14 @@ class FlowModel:
             excess: dict[Hashable, tuple[Hashable, float]] = {}
             held: dict[Hashable, list] = {}
         for (fid, flow), rate, link in zip(active, rates, bottlenecks):
-            limited = link is not None and link == ("window", fid)
+            st = flow.tcp
+            limited = link is not None and st is not None and link == st.window_key
             flow.bottleneck = link
             if not limited:
                 flow.link_bottleneck = link
                 if rate > 0:
                     flow.share = rate
-            if flow.tcp:
+            if st is not None and st.phase == "ca":  # TcpTransport.after_rates acts in "ca" only
                 transport.after_rates(flow, t, limited)
             if rate != flow.rate or flow.done_at >= INF or fid == force:
                 flow.rate = rate
@@ -414,9 +419,10 @@ class FlowModel:
                 if rate < INF:
                     for on in flow.path:
                         load[on] = load.get(on, 0.0) + rate
-                part = self._excess_of(flow)
-                if part is not None:
-                    _add_excess(excess, held, fid, part)
+                if st is not None and st.phase == "ca":  # _excess_of is None in the other phases
+                    part = self._excess_of(flow)
+                    if part is not None:
+                        _add_excess(excess, held, fid, part)
         if tcp:
             self.excess, self.held, self.qdelay, self.fill = excess, held, {}, {}
             for link in held:
@@ -476,7 +482,10 @@ class FlowModel:
 
     # what a flow's window state reads (TcpState.qdelay and own_qdelay)
     def path_qdelay(self, path: tuple[Hashable, ...]) -> float:
-        return sum(self.qdelay.get(link, 0.0) for link in path)
+        total, qdelay = 0.0, self.qdelay
+        for link in path:  # sum()'s order (and its start: 0 + x is x)
+            total += qdelay.get(link, 0.0)
+        return total
 
     def own_qdelay(self, fid: Hashable) -> float:
         part = self.excess.get(fid)

@@ -157,6 +157,14 @@ class TcpState:
     queues: Any = None  # the flow model, whose standing queues delay this flow (None: no queues)
     fid: Hashable = None
     path: tuple = ()
+    # its window as a link of the max-min filling, and the path with it: built once, not at every
+    # rebalance (FlowModel._rebalance)
+    window_key: Hashable = None
+    window_path: tuple = ()
+
+    def __post_init__(self) -> None:
+        self.window_key = ("window", self.fid)
+        self.window_path = (*self.path, self.window_key)
 
     @property
     def qdelay(self) -> float:
@@ -221,11 +229,13 @@ class TcpTransport:
         st.budget = INF
         st.round_end = now + st.rtt
 
-    def window(self, st: TcpState, now: float) -> float:
+    def window(self, st: TcpState, now: float, rtt: float | None = None) -> float:
+        """`rtt`: st.rtt when the caller has it already (it sums the path's queues)."""
         conn = st.conn
         if st.phase != "ca":
             return conn.cwnd
-        return cubic_window(now - conn.epoch, conn.w_max, conn.origin, st.rtt, self.p.cubic_c, self.p.beta)
+        return cubic_window(now - conn.epoch, conn.w_max, conn.origin, st.rtt if rtt is None else rtt,
+                            self.p.cubic_c, self.p.beta)
 
     # -- the rate cap the window sets --
     def cap(self, flow, now: float) -> float:
@@ -251,18 +261,28 @@ class TcpTransport:
                 self._next_growth_step(st, now, mean=False)
 
     def next_event(self, flow, now: float) -> float:
+        """The earliest of: the last bit, the next loss, the end of the slow-start round's budget,
+        the end of the round (a window step). Called for every flow whose rate moved."""
         st: TcpState = flow.tcp
         rate = flow.rate
-        times = []
+        phase = st.phase
+        due = INF
         if rate > 0:
-            times.append(now + flow.remaining_bits / rate if rate < INF else now)
-            if st.loss_in < INF:
-                times.append(now + st.loss_in / rate if rate < INF else now)
-            if st.phase == "ss" and st.budget > EPS_BITS:
-                times.append(now + st.budget / rate if rate < INF else now)
-        if st.phase == "ss" or (st.phase == "ca" and st.limited):
-            times.append(st.round_end)
-        return min(times, default=INF)
+            if rate < INF:
+                due = now + flow.remaining_bits / rate
+                if st.loss_in < INF:
+                    t = now + st.loss_in / rate
+                    if t < due:
+                        due = t
+                if phase == "ss" and st.budget > EPS_BITS:
+                    t = now + st.budget / rate
+                    if t < due:
+                        due = t
+            else:
+                due = now
+        if (phase == "ss" or (phase == "ca" and st.limited)) and st.round_end < due:
+            due = st.round_end
+        return due
 
     def sent(self, flow, bits: float) -> None:
         st: TcpState = flow.tcp
@@ -314,13 +334,14 @@ class TcpTransport:
         what covers the path by at most one step."""
         conn = st.conn
         rwnd = self._rwnd(st)
-        start = max(conn.cwnd, min(self.window(st, now), rwnd)) if now > conn.epoch else conn.cwnd
+        rtt = st.rtt  # the queues do not move during this call
+        start = max(conn.cwnd, min(self.window(st, now, rtt), rwnd)) if now > conn.epoch else conn.cwnd
         end, k = start, 0
         while k < 64 and end < start * (1 + self.p.growth_step) and end < rwnd:
             k += 1
-            end = min(self.window(st, now + k * st.rtt), rwnd)
+            end = min(self.window(st, now + k * rtt, rtt), rwnd)
         conn.cwnd = max(start, (start + end) / 2) if mean else start
-        st.round_end = now + max(1, k) * st.rtt
+        st.round_end = now + max(1, k) * rtt
 
     def _slow_start_exit(self, st: TcpState, share_bits_per_rtt: float, queue_allowance_bits: float) -> float:
         """The window slow start ends at once its bursts fill the path (and HyStart did not end it
