@@ -159,8 +159,8 @@ class TcpState:
     path: tuple = ()
     # its window as a link of the max-min filling, and the path with it: built once, not at every
     # rebalance (FlowModel._rebalance)
-    window_key: Hashable = None
-    window_path: tuple = ()
+    window_key: Hashable = field(default=None, init=False, repr=False, compare=False)
+    window_path: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.window_key = ("window", self.fid)
