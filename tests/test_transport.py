@@ -321,3 +321,40 @@ def test_a_transfer_that_ends_in_slow_start_leaves_the_window_its_acks_grow():
     # their acknowledgements add one segment each: the connection keeps 80 + 30 = 110
     fm, _ = one_flow(8e6, 0.05, 100)
     assert fm.transport.connections["ab"].cwnd == pytest.approx(110)
+
+
+def test_next_event_is_the_earliest_of_its_candidate_times():
+    """next_event is written without a list (it runs for every flow whose rate moves): it must be
+    the minimum of the last bit, the next loss, the slow-start budget and the round's end, each
+    where it applies, over random states including infinite rates and budgets."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from emulator.transport import EPS_BITS, INF, Connection, TcpState
+
+    def reference(flow, st, now):
+        rate, times = flow.rate, []
+        if rate > 0:
+            times.append(now + flow.remaining_bits / rate if rate < INF else now)
+            if st.loss_in < INF:
+                times.append(now + st.loss_in / rate if rate < INF else now)
+            if st.phase == "ss" and st.budget > EPS_BITS:
+                times.append(now + st.budget / rate if rate < INF else now)
+        if st.phase == "ss" or (st.phase == "ca" and st.limited):
+            times.append(st.round_end)
+        return min(times, default=INF)
+
+    rng = np.random.default_rng(7)
+    transport = TcpTransport()
+    for _ in range(5000):
+        st = TcpState(Connection(cwnd=10.0), 0.05, 12112.0, 1448, 0.0, None)
+        st.phase = str(rng.choice(["ss", "ca", "open"]))
+        st.limited = bool(rng.integers(2))
+        st.loss_in = INF if rng.random() < 0.4 else float(rng.uniform(0, 1e6))
+        st.budget = INF if rng.random() < 0.3 else float(rng.choice([0.0, rng.uniform(0, 1e6)]))
+        st.round_end = INF if rng.random() < 0.2 else float(rng.uniform(0, 20))
+        rate = float(rng.choice([0.0, INF, rng.uniform(1e3, 1e9)]))
+        flow = SimpleNamespace(tcp=st, rate=rate, remaining_bits=float(rng.uniform(0, 1e7)))
+        now = float(rng.uniform(0, 10))
+        assert transport.next_event(flow, now) == reference(flow, st, now)
