@@ -91,6 +91,20 @@ def test_l1_norm_of_a_model_sized_gradient_is_accurate():
     assert clip_gradients([p], 1e9, 1.0) == pytest.approx(exact, rel=1e-6)
 
 
+def test_both_clips_take_the_l1_norm_in_double_precision():
+    """clip_gradients (no Lipschitz estimate) and clip_flat (with it) clip the same gradient by the
+    same norm: the float64 sum over the CNN's parameters, to 1e-12 (a float32 sum is off by more)."""
+    from node.models import build_model
+    model = build_model("mnist_cnn", (1, 28, 28), 10)
+    gen = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen) * 0.01
+    exact = sum(float(p.grad.double().abs().sum()) for p in model.parameters())
+    flat = flat_gradient(model.parameters())
+    assert clip_flat(list(model.parameters()), flat.clone(), 1e9, 1.0) == pytest.approx(exact, rel=1e-12)
+    assert clip_gradients(list(model.parameters()), 1e9, 1.0) == pytest.approx(exact, rel=1e-12)
+
+
 def test_l2_clipping_for_the_gaussian_mechanism():
     a = torch.nn.Parameter(torch.zeros(2))
     a.grad = torch.tensor([3.0, 4.0])  # L2 5
