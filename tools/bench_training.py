@@ -18,9 +18,13 @@ Workloads:
             Lipschitz estimate.
 
 Usage: python tools/bench_training.py [--workload flower|edge_1000|all] [--rounds 8] [--cohort 32] [--model mnist_cnn]
-                                      [--device auto|cpu|cuda] [--json]
+                                      [--device auto|cpu|cuda] [--repeats 1] [--json]
 --json prints one JSON object per workload with keys plain_s, off_s, cohort_s, ratio_off,
-ratio_cohort, device (and the rest of the figures)."""
+ratio_cohort, device (and the rest of the figures).
+--repeats N measures each workload N times over (each time (a), (b), (c) and (a) again): the
+figures are then the run with the median ratio_off, and ratios_off / ratios_cohort list every
+run's. A 2-core VM whose speed drifts moved one run's (b)/(a) between 0.96 and 1.22 in one
+evening; the median of several says more than any one of them."""
 from __future__ import annotations
 
 import argparse
@@ -203,6 +207,16 @@ def figures(name: str, plain: list[float], off: list[float], on: list[float], sa
     }
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run whose ratio_off is the median (the lower middle one of an even count), with every
+    run's ratios beside it."""
+    if len(runs) == 1:
+        return runs[0]
+    chosen = sorted(runs, key=lambda f: f["ratio_off"])[(len(runs) - 1) // 2]
+    return {**chosen, "repeats": len(runs), "ratios_off": [f["ratio_off"] for f in runs],
+            "ratios_cohort": [f["ratio_cohort"] for f in runs]}
+
+
 def show(f: dict) -> None:
     print(f"{f['workload']} on {f['device']}: {f['samples_per_round']} samples per round, {f['hosts']} host(s), "
           f"{f['torch_threads']} torch threads in the plain loop")
@@ -213,6 +227,8 @@ def show(f: dict) -> None:
           f"(c)/(a) {f['ratio_cohort']:.3f}  peak PSS {f['pss_gib_cohort']:.2f} GiB  "
           f"(cohorts: largest {f['cohort_largest']}, mean {f['cohort_mean']})")
     print(f"  ceiling: one model, batch {f['ceiling_batch']}   : {f['ceiling_sps']:7d} samples/s")
+    if "repeats" in f:
+        print(f"  the median of {f['repeats']} runs by (b)/(a); every run's (b)/(a): {f['ratios_off']}, (c)/(a): {f['ratios_cohort']}")
 
 
 def main() -> None:
@@ -222,12 +238,16 @@ def main() -> None:
     ap.add_argument("--cohort", type=int, default=32, help="algorithm.cohort for (c)")
     ap.add_argument("--device", default="auto", help="task.device for all three (auto | cpu | cuda | cuda:N)")
     ap.add_argument("--model", default="mnist_cnn", help="the flower workload's model (mnist_cnn, or mlp: dense layers)")
+    ap.add_argument("--repeats", type=int, default=1, help="measure each workload this many times; report the median run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     chosen = ["flower", "edge_1000"] if args.workload == "all" else [args.workload]
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:
-            f = (flower_workload if name == "flower" else edge_workload)(args, Path(tmp))
+            runs = [(flower_workload if name == "flower" else edge_workload)(args, Path(tmp)) for _ in range(args.repeats)]
+            f = median_run(runs)
             if args.json:
                 print(json.dumps(f), flush=True)
             else:
