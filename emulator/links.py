@@ -336,8 +336,9 @@ class FlowModel:
     def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
         """Every active flow's rate afresh. This runs at nearly every event of a tcp flow on a
         saturated link (hundreds of flows each time, most of the network's own work in a flagship
-        round), so what `sync`, `TcpTransport.cap` and `TcpState.rtt` compute is written out here,
-        with the same float operations in the same order."""
+        round), so what `sync`, `TcpTransport.cap`, `TcpState.rtt` and `own_qdelay` compute is written
+        out here, with the same float operations in the same order: a change to one of them must be
+        made here too."""
         self.unsettled = False
         t, transport, qdelay = self.t, self.transport, self.qdelay
         standing, fill, capacity = self.excess, self.fill, self.capacity  # as of the last rebalance
@@ -488,6 +489,7 @@ class FlowModel:
         return total
 
     def own_qdelay(self, fid: Hashable) -> float:
+        # _rebalance writes this out inline (its hot path)
         part = self.excess.get(fid)
         if part is None or part[0] not in self.fill:
             return 0.0

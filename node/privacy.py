@@ -54,7 +54,7 @@ def clip_gradients(params: Iterable[torch.nn.Parameter], threshold: float, norm:
     if norm == 1:  # in double precision, as clip_flat takes it (float32 sums drift by 1e-7 and more)
         total = 0.0
         for g in grads:
-            total += l1_norm(g if g.is_contiguous() else g.contiguous())
+            total += l1_norm(g)
     else:
         total = float(vector_norm(torch.stack([vector_norm(g, norm) for g in grads]), norm))
     factor = threshold / (total + CLIP_EPSILON)
