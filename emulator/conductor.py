@@ -170,7 +170,8 @@ class Conductor:
                                 peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world),
                                 checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,
                                 restore=str(restore / "network.pkl") if restore else None,
-                                listen=network_listen(listen) if listen else None, run_keys=run_keys)
+                                listen=network_listen(listen) if listen else None, run_keys=run_keys,
+                                previews=self.sc.run.speculate)
         holders = json.loads((restore / "meta.json").read_text())["actors"] if restore else {}
 
         def saved(actors: list[str]) -> list[str] | None:
@@ -537,6 +538,10 @@ class Conductor:
             cohorts = writer.summary.setdefault("cohorts", {}).setdefault(body.get("peer"), {"groups": 0, "clients": 0, "largest": 0})
             size = int(body.get("size", 0))
             cohorts.update(groups=cohorts["groups"] + 1, clients=cohorts["clients"] + size, largest=max(cohorts["largest"], size))
+        elif kind == "speculation":  # cumulative counts of one host: its latest report stands
+            hosts = writer.summary.setdefault("speculation", {}).setdefault("hosts", {})
+            hosts[body.get("peer")] = {k: int(body.get(k, 0)) for k in ("trained_ahead", "used", "dropped")}
+            writer.summary["speculation"].update({k: sum(h[k] for h in hosts.values()) for k in ("trained_ahead", "used", "dropped")})
         elif kind == "clock_started":
             self.startup_s = time.monotonic() - self.t0
         elif kind == "privacy":

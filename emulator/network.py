@@ -105,6 +105,7 @@ class NetworkConfig:
     restore: str | None = None  # a checkpoint's network state to continue from
     listen: str | None = None  # a TCP endpoint for hosts on other machines, bound besides `endpoint`, CURVE only
     run_keys: RunKeys | None = None  # with listen: the run's key pair and the host keys it admits
+    previews: bool = True  # run.speculate: show early sends to their receivers' hosts as their transfers begin
 
 
 class LagMeter:
@@ -163,7 +164,8 @@ class Network:
         self.flow_head: tuple | None = None  # the entry of flow_heap that stands in the queue
         self.holds = Holds()
         self._outbox: list[bytes] = []
-        self._to_peers: list[tuple[str, bytes]] = []  # heartbeat answers
+        self._to_peers: list[tuple[str, list[Any]]] = []  # heartbeat answers and previews, sent before any delivery
+        self.preview_ids = itertools.count(1)
         self.zap: ZapHandler | None = None  # with cfg.listen: who may connect over TCP (see run)
         self._answer_records: list[tuple[int, bytes]] = []  # see _on_done
         self.events = 0  # events processed: the network's work, for benchmarks
@@ -270,7 +272,7 @@ class Network:
         op = env["op"]
         if op == "alive":
             self.busy_for[peer] = float(env["busy_s"])
-            self._to_peers.append((peer, ALIVE_ACK))
+            self._to_peers.append((peer, [ALIVE_ACK]))
         elif op == "hello":
             refused = (f"{peer} said hello as {env['peer']!r}" if env["peer"] != peer else
                        self.guard.claim(peer, list(env["actors"])))
@@ -354,15 +356,41 @@ class Network:
         if any(f.kind == "truncate" and f.active(src, t) for f in self.cfg.faults):
             payload = truncated(payload)
         payload_frame_bytes = sum(memoryview(f).nbytes for f in payload)
+        preview = 0
+        if env.get("early") and self.cfg.previews and payload_frame_bytes:
+            preview = self._show_early(src, dsts, env, payload, t, payload_frame_bytes)
         for i, dst in enumerate(dsts):
             deliver_env = {"src": src, "dst": dst, "kind": env["kind"], "round": env["round"], "t": 0.0, "body": env["body"],
-                           "fanout": len(dsts) > 1 and payload_frame_bytes > 0}
+                           "fanout": len(dsts) > 1 and payload_frame_bytes > 0, "preview": preview}
             unicast = envelope.pack("send", src=src, dst=dst, kind=env["kind"], round=env["round"], t=t, n=env["n"],
                                     body=env["body"], payload=env["payload"], fp32=env["fp32"])
             wire = len(unicast) + payload_frame_bytes
             tr = Transfer(-1, src, dst, env["kind"], env["round"], t, env["payload"], env["fp32"],
                           wire, self.cfg.framing.link_bytes(wire), deliver_env, payload, (src, env["n"], i))
             self.push(t, FLOW_START, src, env["n"], i, ("flow_start", tr))
+
+    def _show_early(self, src: str, dsts: list[str], env: dict[str, Any], payload: list[Any], t: float,
+                    payload_bytes: int) -> int:
+        """Preview an early send to the hosts of its reachable receivers, once per host with the
+        payload, and return the preview's id (its deliveries carry it). A host may use it while its
+        worker would idle (run.speculate); the emulation does not see it. Each receiver's eta is
+        when the message would arrive alone on its links: a host works through the earliest first."""
+        key = next(self.preview_ids)
+        by_peer: dict[str, tuple[list[str], list[float]]] = {}
+        for dst in dsts:
+            peer = self.actor_peer.get(dst)
+            if peer is None or peer == CONDUCTOR or dst in self.dead or not self.reachable(dst):
+                continue
+            rate = min(self.link(src).up_bps, self.link(dst).down_bps)
+            names, etas = by_peer.setdefault(peer, ([], []))
+            names.append(dst)
+            etas.append(t + self.link(src).latency_s + self.link(dst).latency_s
+                        + (payload_bytes * 8.0 / rate if rate < INF else 0.0))
+        for peer, (names, etas) in by_peer.items():
+            header = envelope.pack("preview", src=src, dst=names, kind=env["kind"], round=env["round"], body=env["body"],
+                                   preview=key, eta=etas)
+            self._to_peers.append((peer, [header, *payload]))
+        return key
 
     def _on_done(self, peer: str, env: dict[str, Any]) -> None:
         hid = env["hold"]
@@ -663,6 +691,8 @@ class Network:
             return
         if env["src"] != "network" and not self.reachable(dst):
             return  # went off while the message was in flight (its transfer was already recorded)
+        if self._to_peers:
+            self._flush_peers(sock)  # a preview goes out before any delivery of its message
         env["t"] = self.now
         hold = next(self.hold_ids)
         self.holds.deliver(hold, dst, self.now)
@@ -899,13 +929,16 @@ class Network:
                 self.reported_silent.add(peer)
                 self.to_conductor("report", {"type": "peer_silent", "peer": peer, "silent_s": silent, "t_net": self.now})
 
-    def _flush(self, sock: zmq.Socket) -> None:
-        for peer, message in self._to_peers:
+    def _flush_peers(self, sock: zmq.Socket) -> None:
+        for peer, parts in self._to_peers:
             try:
-                sock.send_multipart([peer.encode(), message], zmq.NOBLOCK)
+                sock.send_multipart([peer.encode(), *parts], zmq.NOBLOCK, copy=False)
             except zmq.ZMQError:
-                pass
+                pass  # a peer that is gone or not keeping up: an answer or preview it does not need
         self._to_peers.clear()
+
+    def _flush(self, sock: zmq.Socket) -> None:
+        self._flush_peers(sock)
         if CONDUCTOR not in self.guard.greeted:
             return  # a host can report (its device, a fatal error) before the conductor has connected: keep it
         for header in self._outbox:
@@ -926,12 +959,14 @@ def _peek(owner: Any, name: str) -> int:
 def _portable_event(event: tuple) -> tuple:
     """A queued event with its message frames as bytes (ZeroMQ buffers do not pickle)."""
     as_bytes = lambda frames: [bytes(memoryview(f)) for f in frames]  # noqa: E731
+    # A restored run's hosts hold no previews, and its network numbers them from 1 again.
     if event[0] == "flow_start":
         tr = event[1]
-        return ("flow_start", Transfer(**{**tr.__dict__, "frames": as_bytes(tr.frames)}))
+        return ("flow_start", Transfer(**{**tr.__dict__, "frames": as_bytes(tr.frames),
+                                          "deliver_env": {**tr.deliver_env, "preview": 0}}))
     if event[0] == "deliver":
         env, frames = event[1]
-        return ("deliver", (env, as_bytes(frames)))
+        return ("deliver", ({**env, "preview": 0} if "preview" in env else env, as_bytes(frames)))
     return event
 
 

@@ -568,6 +568,10 @@ class Run(Strict):
     checkpoint_every: Optional[int] = Field(
         None, ge=1, description="write RUN_DIR/checkpoint after every this many rounds (at the round's end, when no "
                                 "client is still working); `python -m emulator resume RUN_DIR` continues from it")
+    speculate: bool = Field(
+        True, description="a host whose worker would idle trains a task it has been shown as its download began (the "
+                          "network previews the server's tasks); the delivery then takes the result. Wall time only: "
+                          "a run's results are the same either way (a host training in cohorts does not speculate)")
 
 
 class Scenario(Strict):

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from .data import Dataset, with_input_noise
 from .device import DevicePlan
 from .models import build_model, state_spec
 from .schedule import BitSchedule, importance
+from .speculation import SpeculativeResults
 from .stages import Privacy, privacy_stage
 from .strategies import Strategy
 from .strategies.fedavg import FedAvg
@@ -106,6 +108,9 @@ class Trainer:
         self.model = task.build()
         self.spec = state_spec(self.model)
         self.cohorts = CohortTrainer(self.model, resolve_cohort(cohort, self.model, task.device))
+        # tasks trained before their delivery (ClientActor.speculate), one by one: with cohorts a
+        # task's result would depend on which group it trained in, so none is trained ahead there
+        self.speculated = SpeculativeResults() if self.cohorts.max_size == 1 else None
 
     def train(self, state, indices, cfg: LocalTraining, rng, fixed_order=None, data: Dataset | None = None
               ) -> tuple[dict[str, np.ndarray], TrainingResult]:
@@ -182,18 +187,54 @@ class ClientActor(Checkpointable):
             return self._train_aligned(msg)
         return Reaction()
 
+    def _local_training(self, body: dict) -> tuple[Any, LocalTraining]:
+        """The privacy stage and the local schedule a task asks for."""
+        dp = privacy_stage(self.cfg.privacy)
+        return dp, dp.training(LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
+                                             shuffle=self.cfg.shuffle, prox_mu=self.cfg.prox_mu))
+
+    def _task_rng(self, round_: int) -> np.random.Generator:
+        return np.random.default_rng([self.cfg.seed, round_, self.profile.index])
+
+    def _local_update(self, state, local: LocalTraining, rng: np.random.Generator, indices: np.ndarray,
+                      order: np.ndarray | None, data: Dataset):
+        return self.cfg.strategy.local_update(
+            state, local, lambda start, config: self.trainer.train(start, indices, config, rng, order, data))
+
+    def speculate(self, msg: Message) -> bool:
+        """Train a task shown early (Actor.speculate), as its delivery's work would: the same start,
+        session, schedule and seeds; the result and the state of the task's random generator after
+        training are kept for that work. Only the training: privacy noise, coding and everything
+        that reads or changes this client's state (error feedback, budgets) wait for the delivery."""
+        store = self.trainer.speculated
+        if (store is None or msg.kind != "task" or not self.cfg.train or self.cfg.fedalign is not None
+                or msg.round <= self.closed_through or not self.cfg.strategy.local_update_is_pure):
+            return True
+        if not store.has_room(msg.round):
+            return False
+        try:
+            state, basis = decode_state(msg.frames, self.trainer.spec)
+        except CodecError:
+            return True  # the delivery rejects it
+        if basis != "weights":
+            return True
+        _, local = self._local_training(msg.body)
+        session, order = self._session(msg.round)
+        rng = self._task_rng(msg.round)
+        new_state, result = self._local_update(state, local, rng, session, order, self.data)
+        store.put((self.name, msg.preview), msg.round, (new_state, result, rng.bit_generator.state))
+        return True
+
     def _train(self, task: Message, now: Message, sampled: np.ndarray | None = None,
                target: dict[str, np.ndarray] | None = None) -> Reaction:
         """Train on the task's model and send the update. With FedAlign, `sampled` is this round's S_k
         and `target` the global moments its data is aligned to."""
         body = task.body
-        dp = privacy_stage(self.cfg.privacy)
-        local = dp.training(LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
-                                          shuffle=self.cfg.shuffle, prox_mu=self.cfg.prox_mu))
+        dp, local = self._local_training(body)
         samples = int(self.profile.indices.size)
         session, session_order = self._session(task.round)
         trained_on = int(session.size) if sampled is None else int(sampled.size)
-        rng = np.random.default_rng([self.cfg.seed, task.round, self.profile.index])
+        rng = self._task_rng(task.round)
         nu = 1.0
         if self.cfg.schedule.kind == "dynamic":
             nu = importance(self.labels, self.data.classes, samples, int(body.get("n_max", samples)),
@@ -229,8 +270,12 @@ class ClientActor(Checkpointable):
                 data = self._aligned(sampled, target)
                 indices, order = np.arange(sampled.size), None
             if self.cfg.train:
-                new_state, result = self.cfg.strategy.local_update(
-                    state, local, lambda start, config: self.trainer.train(start, indices, config, rng, order, data))
+                ahead = (self.trainer.speculated.take((self.name, task.preview))
+                         if task.preview and sampled is None and self.trainer.speculated is not None else None)
+                if ahead is not None:  # trained while the task was on its way (speculate)
+                    new_state, result, rng.bit_generator.state = ahead
+                else:
+                    new_state, result = self._local_update(state, local, rng, indices, order, data)
                 info["loss"], info["loss_rms"] = result.loss, result.loss_rms
                 new_state, release = dp.privatize(new_state, result, local, rng, info)
                 if release is not None and release.rdp is not None:  # DP-SGD: its epsilon so far, with this round

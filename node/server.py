@@ -182,7 +182,8 @@ class ServerActor(Checkpointable):
         body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr,
                 "bits": bits, "n_max": n_max, **self.strategy.configure_round(self._control(self.round), self.global_state)}
         timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
-        return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)],
+        return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes,
+                                    early=True)],
                         timers=timers, reports=[notice] if notice else [])
 
     def _no_eligible_clients(self, index: int, since: float, t: float, pool: dict, fit: list[str]) -> dict[str, Any]:

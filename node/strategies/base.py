@@ -116,6 +116,10 @@ class Strategy:
         return set()
 
     # ---- client side ----------------------------------------------------------------------
+    # local_update reads nothing but its arguments and changes nothing: a host may then run it
+    # before the task arrives (run.speculate). A strategy with client-side state sets this False.
+    local_update_is_pure = True
+
     def local_update(self, state: State, config, train: TrainFn) -> tuple[State, Any]:
         """A client's new model from the global one. `train(state, config)` runs local SGD
         (node.training.LocalTraining config) on the client's data and returns (state, result)."""
