@@ -377,16 +377,16 @@ class Network:
         worker would idle (run.speculate); the emulation does not see it. Each receiver's eta is
         when the message would arrive alone on its links: a host works through the earliest first."""
         key = next(self.preview_ids)
+        up_bps = self.link(src).up_bps
         by_peer: dict[str, tuple[list[str], list[float]]] = {}
         for dst in dsts:
             peer = self.actor_peer.get(dst)
             if peer is None or peer == CONDUCTOR or dst in self.dead or not self.reachable(dst):
                 continue
-            rate = min(self.link(src).up_bps, self.link(dst).down_bps)
+            rate = min(up_bps, self.link(dst).down_bps)
             names, etas = by_peer.setdefault(peer, ([], []))
             names.append(dst)
-            etas.append(t + self.link(src).latency_s + self.link(dst).latency_s
-                        + (payload_bytes * 8.0 / rate if rate < INF else 0.0))
+            etas.append(t + self._one_way(src, dst) + (payload_bytes * 8.0 / rate if rate < INF else 0.0))
         for peer, (names, etas) in by_peer.items():
             header = envelope.pack("preview", src=src, dst=names, kind=env["kind"], round=env["round"], body=env["body"],
                                    preview=key, eta=etas)
@@ -640,13 +640,13 @@ class Network:
         tcp = {}
         if self.cfg.tcp is not None:
             framing = self.cfg.framing
-            tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self._one_way(tr), seg_bits=(framing.mss + framing.segment_overhead) * 8.0,
+            tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self._one_way(tr.src, tr.dst), seg_bits=(framing.mss + framing.segment_overhead) * 8.0,
                        mss=framing.mss, loss=self._loss(tr), rng=self._rng(tr))
         # the rates wait for the other transfers starting at this instant (step settles them)
         self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self._path(tr), settle=False, **tcp))
 
-    def _one_way(self, tr: Transfer) -> float:
-        return self.link(tr.src).latency_s + self.link(tr.dst).latency_s
+    def _one_way(self, src: str, dst: str) -> float:
+        return self.link(src).latency_s + self.link(dst).latency_s
 
     def _flow_event(self, fid: int, version: int) -> None:
         flow = self.flows.flows.get(fid)
@@ -662,7 +662,7 @@ class Network:
         tr = self._pop_transfer(fid)
         tr.link_bytes += int(round(flow.resent_bits / 8))
         self._drain_transfer(tr, tr.link_bytes)
-        arrival = max(self.now, flow.floor) + self._one_way(tr) + tr.extra_delay
+        arrival = max(self.now, flow.floor) + self._one_way(tr.src, tr.dst) + tr.extra_delay
         self.to_conductor("record", {"transfers": [tr.record(arrival, "ok")]})
         tr.deliver_env["t"] = arrival
         self.push(arrival, DELIVER, tr.src, tr.tid, 1, ("deliver", (tr.deliver_env, tr.frames)))

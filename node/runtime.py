@@ -72,6 +72,12 @@ def _can_leave_idle_policy() -> bool:
     return bool(result)
 
 
+def _own_copy(frames: list[Any]) -> list[bytearray]:
+    """Frames that several messages share, copied for one of them: decoding can return views of
+    the frames, and an actor may write into what it decoded."""
+    return [bytearray(memoryview(f)) for f in frames]
+
+
 def _peek(counters: dict[str, itertools.count], name: str) -> int:
     """The next value of a counter, leaving it in place."""
     value = next(counters[name])
@@ -231,11 +237,10 @@ class Runtime:
                 self._set_background(False)
 
     def _speculate(self, preview: _Preview) -> None:
-        """Let the actor prepare for a previewed message, on a copy of its frames (it may write into
-        what it decodes). A failure only costs the preparation: the delivery computes it anew."""
+        """Let the actor prepare for a previewed message, on its own copy of the frames. A failure
+        only costs the preparation: the delivery computes it anew."""
         msg = preview.msg
-        copy = Message(msg.src, msg.dst, msg.kind, msg.round, msg.t, msg.body,
-                       [bytearray(memoryview(f)) for f in msg.frames], None, msg.preview)
+        copy = Message(msg.src, msg.dst, msg.kind, msg.round, msg.t, msg.body, _own_copy(msg.frames), None, msg.preview)
         try:
             done = self.actors[preview.actor].speculate(copy)
         except Exception:
@@ -384,7 +389,7 @@ class Runtime:
         elif self._shared[0] != shared:
             self._refuse(f"a delivery to {env['dst']!r} refers to shared payload {shared}, which this process does not hold")
             return None
-        return [bytearray(memoryview(f)) for f in self._shared[1]]
+        return _own_copy(self._shared[1])
 
     def _resume(self, sock: zmq.Socket, env: dict[str, Any], rid: int) -> None:
         actor, continuation = self._resumes.pop(rid, (env["dst"], None))
