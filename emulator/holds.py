@@ -82,12 +82,5 @@ class Holds:
             heapq.heappop(heap)  # released or moved since
         return INF
 
-    def earliest_hold(self) -> tuple[int, str] | None:
-        """The hold at the lower bound (id, actor), None when nothing holds the clock."""
-        if self.earliest() == INF:
-            return None
-        hid = self._heap[0][1]
-        return hid, self._by_id[hid][0]
-
     def holding(self, actor: str) -> bool:
         return actor in self._per_actor

@@ -166,7 +166,6 @@ class Network:
         self._outbox: list[bytes] = []
         self._to_peers: list[tuple[str, list[Any]]] = []  # heartbeat answers and previews, sent before any delivery
         self.preview_ids = itertools.count(1)
-        self._urged = -1  # the hold last named in an urgent message (see _urge)
         self.zap: ZapHandler | None = None  # with cfg.listen: who may connect over TCP (see run)
         self._answer_records: list[tuple[int, bytes]] = []  # see _on_done
         self.events = 0  # events processed: the network's work, for benchmarks
@@ -861,8 +860,6 @@ class Network:
                 if self.queue and self.may_run_head():
                     timeout, pacing = min(POLL_MS, max(0, math.ceil(self.due_in() * 1000))), True
                 waiting_for = ("realtime" if pacing else self._waiting_for()) if timeout else None
-                if waiting_for == "work":
-                    self._urge(sock)
                 began = time.monotonic()
                 ready = sock.poll(timeout)
                 if waiting_for is not None:
@@ -899,20 +896,6 @@ class Network:
             if self.zap is not None:
                 self.zap.close()
             ctx.destroy(linger=0)
-
-    def _urge(self, sock: zmq.Socket) -> None:
-        """Tell the peer whose work the clock now waits for, once per hold: its host runs that work
-        at normal priority and other work in the background (Runtime._set_background)."""
-        head = self.holds.earliest_hold()
-        if head is None or head[0] == self._urged:
-            return
-        self._urged = head[0]
-        peer = self.actor_peer.get(head[1])
-        if peer is not None and peer != CONDUCTOR:
-            try:
-                sock.send_multipart([peer.encode(), envelope.pack("urgent", hold=head[0])], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
 
     def _waiting_for(self) -> str:
         """Why the clock stands still while this process waits for a message (and no event is

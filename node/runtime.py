@@ -51,27 +51,6 @@ class _Preview:
     msg: Message = field(compare=False)  # its frames are shared by the preview's receivers on this host
 
 
-def _can_leave_idle_policy() -> bool:
-    """Whether a thread of this process can go back from SCHED_IDLE to normal scheduling (Linux
-    allows that to privileged processes only), tried on a thread of its own."""
-    if not hasattr(os, "SCHED_IDLE"):
-        return False
-    result = []
-
-    def probe():
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            result.append(True)
-        except OSError:
-            pass
-
-    th = threading.Thread(target=probe)
-    th.start()
-    th.join()
-    return bool(result)
-
-
 def _own_copy(frames: list[Any]) -> list[bytearray]:
     """Frames that several messages share, copied for one of them: decoding can return views of
     the frames, and an actor may write into what it decoded."""
@@ -90,7 +69,7 @@ class Runtime:
                  restore: list[str] | None = None, announce: dict | None = None,
                  run_group: Callable[[list[Callable[[], Any]]], list[Any]] | None = None, group_size: int = 1,
                  secure: Callable[[zmq.Socket], None] | None = None, silence_s: float | None = None,
-                 speculation_stats: Callable[[], dict[str, int]] | None = None, background: bool = False):
+                 speculation_stats: Callable[[], dict[str, int]] | None = None):
         self.peer = peer
         # how the actors' prepared results fared (used, dropped), reported with the count trained ahead
         self.speculation_stats = speculation_stats
@@ -127,12 +106,6 @@ class Runtime:
         self._previews: list[_Preview] = []  # messages shown early, for actors that speculate; under _jobs_cv
         self._previewed: set[tuple[str, int]] = set()  # (actor, preview id) of those not yet taken or delivered
         self._speculation_waits = False  # an actor said "not now": ask again after the next job
-        # priorities (_set_background): holds the clock waits for, and those of the work running
-        self.background = background and _can_leave_idle_policy()
-        self._worker_background = False
-        self._worker_tid = 0
-        self._urgent: set[int] = set()
-        self._running: set[int] = set()
         self.speculated = 0
         self.refused = 0
         self._refused_unlogged = 0
@@ -166,7 +139,6 @@ class Runtime:
         return wake
 
     def _worker(self, wake: Callable[[], None]) -> None:
-        self._worker_tid = threading.get_native_id()
         while True:
             with self._jobs_cv:
                 while not self._jobs and not self._stopping and not (self._previews and not self._speculation_waits):
@@ -183,8 +155,6 @@ class Runtime:
                     if group[0].cohort and self.group_size > 1:
                         self._gather_cohort(group)
                 self._job_started = time.monotonic()
-                self._running = {job.hold for job in group}
-                self._set_background(not self._running & self._urgent)
             if not group:
                 self._speculate(preview)
                 self._job_started = None
@@ -197,9 +167,6 @@ class Runtime:
                 outcomes = self.run_group([self._guarded(job) for job in group])
             for job, outcome in zip(group, outcomes):
                 self._finished.put((job, outcome))
-            with self._jobs_cv:
-                self._urgent -= self._running
-                self._running = set()
             self._job_started = None
             self._speculation_waits = False  # the job may have taken a prepared result: room again
             self._report_speculation()
@@ -213,28 +180,6 @@ class Runtime:
         if counts != self._speculation_reported and any(counts.values()):
             self._speculation_reported = counts
             self._reports.put({"type": "speculation", **counts})
-
-    def _set_background(self, on: bool) -> None:
-        """The worker's priority (called with the job lock held). With `background`, work the clock
-        is not waiting for (speculation, sessions that end later than one the clock waits for)
-        runs under SCHED_IDLE, on CPU time that no other process wants: the network, the server
-        and the session the clock waits for go first. Only where the OS lets the process return
-        to normal priority (it is privileged; probed once); elsewhere everything runs as usual."""
-        if not self.background or on == self._worker_background or not self._worker_tid:
-            return
-        try:
-            os.sched_setscheduler(self._worker_tid, os.SCHED_IDLE if on else os.SCHED_OTHER, os.sched_param(0))
-            self._worker_background = on
-        except OSError:
-            self.background = False
-
-    def _on_urgent(self, hold: int) -> None:
-        """The clock waits for this hold: its work, and whatever the worker runs before it, at
-        normal priority."""
-        with self._jobs_cv:
-            if hold in self._running or any(job.hold == hold for job in self._jobs):
-                self._urgent.add(hold)
-                self._set_background(False)
 
     def _speculate(self, preview: _Preview) -> None:
         """Let the actor prepare for a previewed message, on its own copy of the frames. A failure
@@ -459,8 +404,6 @@ class Runtime:
                             self._deliver(sock, env, frames[1:])
                         elif env["op"] == "preview":
                             self._preview(env, frames[1:])
-                        elif env["op"] == "urgent":
-                            self._on_urgent(env["hold"])
                         elif env["op"] == "snapshot":
                             self._snapshot(sock, env["path"])
                         elif env["op"] == "alive_ack":

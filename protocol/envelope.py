@@ -53,7 +53,6 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "snapshot": {"round": _INT, "path": _STR},  # the network asks a peer to write its state to path
     "snapshot_done": {"ok": bool, "why": _STR},
     "halt": {"actor": _STR, "at": _NUM},  # the server finished the run at `at`: the clock stops there
-    "urgent": {"hold": _INT},  # the network's clock waits for this hold's work (a hint for the peer's priorities)
     "stop": {},
     # the conductor's lobby, where a host on another machine joins a run
     "join": {"host": _STR, "pid": _INT, "slot": _STR},  # which machine and process asks, for which slot ("": any)

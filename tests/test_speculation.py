@@ -4,7 +4,6 @@ delivery's work takes the result. It must save wall time only: every result of a
 same with it and without it."""
 import io
 import json
-import os
 import threading
 import time
 
@@ -20,7 +19,7 @@ from node.client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trai
 from node.data import synthetic
 from node.models import state_to_numpy
 from node.stages import Privacy
-from node.runtime import Runtime, _can_leave_idle_policy
+from node.runtime import Runtime
 from node.schedule import BitSchedule
 from node.speculation import SpeculativeResults
 from node.strategies.fedavg import FedAvg
@@ -120,23 +119,6 @@ def test_an_early_send_is_previewed_once_per_host_before_any_delivery_and_its_de
     assert {env["dst"]: env["preview"] for _, env, _ in later if env["op"] == "deliver"} == {"c2": key + 1, "c1": 0}
 
 
-def test_the_network_names_the_hold_its_clock_waits_for_once_to_its_peer():
-    net = network()
-    send(net, "c2", b"model-0", 0, early=False)
-    wire = Wire()
-    while not any(env["op"] == "deliver" for _, env, _ in wire.sent):
-        net.step(wire)
-    (env,) = [env for _, env, _ in wire.sent if env["op"] == "deliver"]
-    net.receive(b"host1", [zmq.Frame(envelope.pack("done", actor="c2", hold=env["hold"], busy_until=net.now + 5.0,
-                                                   busy_s=None))])
-    net.push(net.now + 6.0, 0, "x", 0, 0, ("halt",))  # an event after the hold: the clock waits for c2's work
-    assert not net.step(wire) and net._waiting_for() == "work"
-    wire.sent.clear()
-    net._urge(wire)
-    net._urge(wire)
-    assert [(peer, env) for peer, env, _ in wire.sent] == [("host1", {"v": 1, "op": "urgent", "hold": env["hold"]})]
-
-
 def test_previews_switched_off_leave_only_the_deliveries():
     net = network(previews=False)
     send(net, ["c0", "c2"], b"model-0", 0, early=True)
@@ -159,7 +141,6 @@ class Prepares:
 
     def __init__(self, name, log, answers=()):
         self.name, self.log, self.answers = name, log, list(answers)
-        self.policies = []  # the worker's scheduling policy in each speculation
 
     def react(self, msg):
         self.log.append(("react", self.name, msg.preview))
@@ -169,7 +150,6 @@ class Prepares:
         assert msg.frames[0] == bytearray(b"payload") and msg.device is None
         answer = self.answers.pop(0) if self.answers else True
         self.log.append(("speculate", self.name, msg.preview, answer))
-        self.policies.append(os.sched_getscheduler(0))
         return answer
 
 
@@ -213,7 +193,7 @@ def test_an_idle_worker_prepares_the_earliest_arrival_first_and_skips_what_was_d
 
 def test_a_worker_told_not_now_waits_for_the_next_job_and_real_work_always_comes_first():
     log = []
-    rt = Runtime("host0", "inproc://unused", [Prepares("a", log, answers=[False]), Prepares("b", log)], background=True)
+    rt = Runtime("host0", "inproc://unused", [Prepares("a", log, answers=[False]), Prepares("b", log)])
     rt._preview(preview_env(["a", "b"], [1.0, 2.0], 3), [b"payload"])
     th = start_worker(rt)
     wait_for(lambda: len(log) == 1)
@@ -222,46 +202,14 @@ def test_a_worker_told_not_now_waits_for_the_next_job_and_real_work_always_comes
     ran = threading.Event()
 
     def work():
-        log.append(("work", os.sched_getscheduler(0)))
+        log.append(("work",))
         ran.set()
         return Reaction()
 
     rt._start_work(Sock(), "b", 1, Reaction(work=work, work_s=1.0), 0.0)
     wait_for(lambda: rt.speculated == 2)
     stop(rt, th)
-    # work the clock does not wait for, speculation too, runs on CPU time nobody else wants (where
-    # the process may return to normal priority)
-    background = os.SCHED_IDLE if _can_leave_idle_policy() else os.SCHED_OTHER
-    assert log == [("speculate", "a", 3, False), ("work", background), ("speculate", "a", 3, True),
-                   ("speculate", "b", 3, True)]
-    assert rt.actors["a"].policies == [background, background] and rt.actors["b"].policies == [background]
-
-
-def test_the_work_the_clock_waits_for_runs_at_normal_priority():
-    rt = Runtime("host0", "inproc://unused", [Prepares("a", [])], background=True)
-    policies, go = [], threading.Event()
-
-    def work():
-        policies.append(os.sched_getscheduler(0))
-        go.wait(10)
-        policies.append(os.sched_getscheduler(0))
-        return Reaction()
-
-    th = start_worker(rt)
-    rt._start_work(Sock(), "a", 5, Reaction(work=work, work_s=1.0), 0.0)
-    wait_for(lambda: policies)
-    rt._on_urgent(99)  # a hold this host does not run: nothing to do
-    assert rt._urgent == set()
-    rt._on_urgent(5)  # the network's clock now waits for hold 5
-    go.set()
-    wait_for(lambda: len(policies) == 2)
-    wait_for(lambda: not rt._running)
-    stop(rt, th)
-    privileged = _can_leave_idle_policy()
-    assert policies == ([os.SCHED_IDLE, os.SCHED_OTHER] if privileged else [os.SCHED_OTHER, os.SCHED_OTHER])
-    assert rt._urgent == set()  # done with it
-    # without background priorities (the server, ring and Flower hosts) everything runs as usual
-    assert not Runtime("server", "inproc://unused", []).background
+    assert log == [("speculate", "a", 3, False), ("work",), ("speculate", "a", 3, True), ("speculate", "b", 3, True)]
 
 
 def test_a_host_training_in_groups_takes_no_previews():
