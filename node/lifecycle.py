@@ -3,6 +3,7 @@ this and nothing heavy."""
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 
@@ -14,8 +15,9 @@ HEAP_KEEP = 128 * 2**20  # free memory at the top of the heap kept up to this si
 
 
 def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
-    """Die with the parent, name the process (for ps and top), and let the conductor alone decide
-    about Ctrl-C."""
+    """Die with the parent, name the process (for ps and top), let the conductor alone decide
+    about Ctrl-C, and dump the threads' stacks on SIGUSR1 (as the CLI does) rather than die of it:
+    the network process is a fresh interpreter, which inherits no handler."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -26,6 +28,8 @@ def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def keep_freed_memory() -> bool:

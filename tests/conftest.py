@@ -1,6 +1,7 @@
 import csv
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,8 +33,55 @@ needs_fashion_mnist = pytest.mark.skipif(not have_fashion_mnist(), reason="Fashi
 
 
 def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "emulator", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or REPO, env=os.environ.copy())
+    """The CLI in a process of its own. A run still going after `timeout` seconds fails the test with
+    what says why: every process of the run (state, CPU seconds, the stacks it dumps on SIGUSR1),
+    the machine's load and the CPU time the hypervisor stole meanwhile, and what the run printed."""
+    cmd = [sys.executable, "-m", "emulator", *args]
+    steal_before = _stolen_s()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=cwd or REPO, env=os.environ.copy())
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = _describe_and_kill(proc)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out, err = "(no output: a process of the run still holds its pipes)", ""
+        pytest.fail(f"{' '.join(args)} still running after {timeout:g} s\n{tree}\n"
+                    f"the machine: load {os.getloadavg()}, {_stolen_s() - steal_before:.1f} s stolen by the hypervisor "
+                    f"since the run began\nstdout: {out[-3000:]}\nstderr (stacks on SIGUSR1): {err[-12000:]}",
+                    pytrace=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _stolen_s() -> float:
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
+
+
+def _describe_and_kill(proc: subprocess.Popen) -> str:
+    """Each process of the run with its state and CPU seconds, after asking each to dump its threads'
+    stacks to the run's stderr (the CLI registers faulthandler for SIGUSR1); then all are killed."""
+    try:
+        procs = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        procs = []
+    lines = []
+    for p in procs:
+        try:
+            cpu = p.cpu_times()
+            lines.append(f"  {p.pid} {p.name()} {p.status()} user {cpu.user:.1f} s system {cpu.system:.1f} s "
+                         f"threads {p.num_threads()}")
+            p.send_signal(signal.SIGUSR1)
+        except psutil.Error:
+            pass
+    time.sleep(2)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return "the run's processes:\n" + "\n".join(lines)
 
 
 def write_scenario(path: Path, text: str) -> Path:
