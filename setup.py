@@ -1,5 +1,5 @@
 """The compiled parts: fused codec kernels (protocol/_kernels.c), the max-min filling of the
-flow model (emulator/_flowfill.c) and one-pass L1 norms of DP training (node/_dpkernels.c).
+flow model (emulator/_flowfill.c) and one-pass L1 norms and Laplace noise of DP training (node/_dpkernels.c).
 Optional: without a C compiler the install goes on and the codecs use their numpy path, the flow
 model its Python filling (the same bytes and numbers), the norms torch's float64 reductions
 (the same to about 1e-15)."""

@@ -1,4 +1,5 @@
-/* One-pass L1 norms for the Laplace pipeline's training steps (node/privacy.py).
+/* One-pass L1 norms for the Laplace pipeline's training steps, and its noise's last steps
+ * (node/privacy.py).
  *
  * Every step of the core paper's local training takes the L1 norm of the flat gradient (the
  * clip), and every step of a later epoch updates the Lipschitz estimate, which needs the norm of
@@ -14,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Built for AVX2 and the baseline, the loader picks one: each of the 8 accumulators is one vector
@@ -109,13 +111,69 @@ static PyObject *lipschitz_update(PyObject *self, PyObject *args) {
     return Py_BuildValue("dd", window_l1, diff_l1);
 }
 
+/* The Laplace noise's last steps, fused: each standard exponential gets its random sign (bit i of
+   the sign bytes, most significant first, as numpy's unpackbits reads them, set into the float's
+   sign bit), is scaled and added to its weight, in place. The same float32 operations in the same
+   order as node/privacy.py's numpy path (xor, multiply, add), so the same bits; one pass instead
+   of six over the model-sized arrays. */
+HOT static void laplace_loop(uint32_t *draw, const uint8_t *signs, float scale, const float *value, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const uint32_t byte = signs[i >> 3];
+        for (int k = 0; k < 8; k++) {
+            float f;
+            const uint32_t u = draw[i + k] ^ (((byte >> (7 - k)) & 1u) << 31);
+            memcpy(&f, &u, 4);
+            f = f * scale;
+            f = f + value[i + k];
+            memcpy(&draw[i + k], &f, 4);
+        }
+    }
+    for (; i < n; i++) {
+        float f;
+        const uint32_t u = draw[i] ^ ((((uint32_t)signs[i >> 3] >> (7 - (i & 7))) & 1u) << 31);
+        memcpy(&f, &u, 4);
+        f = f * scale;
+        f = f + value[i];
+        memcpy(&draw[i], &f, 4);
+    }
+}
+
+/* laplace_finish(draw, signs, scale, value): draw <- (draw with its signs) * scale + value */
+static PyObject *laplace_finish(PyObject *self, PyObject *args) {
+    PyObject *d_obj, *v_obj;
+    Py_buffer signs;
+    float scale;
+    if (!PyArg_ParseTuple(args, "Oy*fO", &d_obj, &signs, &scale, &v_obj)) return NULL;
+    Py_buffer d, v;
+    if (float_buffer(d_obj, &d, 1, "draw") < 0) { PyBuffer_Release(&signs); return NULL; }
+    if (float_buffer(v_obj, &v, 0, "value") < 0) { PyBuffer_Release(&signs); PyBuffer_Release(&d); return NULL; }
+    const Py_ssize_t n = d.len / 4;
+    PyObject *result = NULL;
+    if (v.len != d.len || signs.len != (n + 7) / 8) {
+        PyErr_SetString(PyExc_ValueError, "laplace_finish: sizes do not agree");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        laplace_loop((uint32_t *)d.buf, (const uint8_t *)signs.buf, scale, (const float *)v.buf, n);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&signs);
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&v);
+    return result;
+}
+
 static PyMethodDef METHODS[] = {
+    {"laplace_finish", laplace_finish, METH_VARARGS,
+     "laplace_finish(draw, signs, scale, value): draw <- (draw with the sign bits) * scale + value, in place."},
     {"l1_norm", l1_norm, METH_VARARGS, "l1_norm(x) -> sum |x| of contiguous float32 values, summed in double."},
     {"lipschitz_update", lipschitz_update, METH_VARARGS,
      "lipschitz_update(grad, prev, window) -> (|window|_1, |grad - prev|_1); prev <- grad - prev, window += that."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_dpkernels", "One-pass L1 norms for DP training.", -1, METHODS};
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_dpkernels", "One-pass L1 norms and Laplace noise for DP training.", -1, METHODS};
 
 PyMODINIT_FUNC PyInit__dpkernels(void) { return PyModule_Create(&MODULE); }

@@ -167,6 +167,12 @@ def add_noise(state: Mapping[str, np.ndarray], mechanism: str, scale: float, rng
             out[name] = value
             continue
         if mechanism == "laplace":
+            if _dpkernels is not None and value.dtype == np.float32 and value.flags.c_contiguous:
+                # the same draws, then sign, scale and sum in one pass (node/_dpkernels.c)
+                draw = rng.standard_exponential(value.shape, dtype=np.float32)
+                _dpkernels.laplace_finish(draw, rng.bytes(-(-draw.size // 8)), scale, value)
+                out[name] = draw
+                continue
             draw = standard_laplace(value.shape, rng)
         else:
             draw = rng.standard_normal(value.shape, dtype=np.float32)

@@ -324,3 +324,27 @@ def test_the_fused_lipschitz_update_equals_torchs_passes(monkeypatch):
                 estimate.observe(position, torch.from_numpy(gen.standard_normal(5000).astype(np.float32)))
         values[compiled] = estimate.value
     assert values[True] == pytest.approx(values[False], rel=1e-13) and values[True] > 0
+
+
+def test_the_fused_laplace_noise_is_numpys_bit_for_bit(monkeypatch):
+    """add_noise's one-pass sign, scale and sum (node/_dpkernels.c) gives the bits of the numpy
+    path from the same generator, on shapes whose sizes are and are not multiples of 8, on
+    weights that include -0.0, and leaves non-float32 entries to the numpy path."""
+    from node import privacy
+
+    if privacy._dpkernels is None:
+        pytest.skip("node/_dpkernels.c is not built here")
+    rng = np.random.default_rng(7)
+    state = {"conv": rng.standard_normal((64, 32, 5, 5)).astype(np.float32), "bias": rng.standard_normal(13).astype(np.float32),
+             "zeros": np.array([0.0, -0.0, 0.0], np.float32), "double": rng.standard_normal(9),
+             "count": np.array(3, np.int64)}
+    fused = privacy.add_noise(state, "laplace", 0.37, np.random.default_rng(21))
+    monkeypatch.setattr(privacy, "_dpkernels", None)
+    plain = privacy.add_noise(state, "laplace", 0.37, np.random.default_rng(21))
+    for name in state:
+        assert fused[name].dtype == plain[name].dtype, name
+        assert fused[name].tobytes() == plain[name].tobytes(), name
+    assert not np.array_equal(fused["conv"], state["conv"])
+    monkeypatch.undo()
+    with pytest.raises(ValueError):
+        privacy._dpkernels.laplace_finish(np.zeros(9, np.float32), b"\x00", 1.0, np.zeros(9, np.float32))
