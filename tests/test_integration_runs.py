@@ -66,10 +66,11 @@ def test_same_seed_same_times_and_bytes_other_seed_other_selection(tmp_path):
 def test_smoke_learns_mnist(tmp_path):
     """The shipped smoke scenario: MNIST IID, 3 rounds, must reach 85% test accuracy. Each client
     trains on 2,000 of its 6,000 samples a round (86.8 % here, in 31 s of wall time against 65-72 s
-    for all of them), to keep the suite within its time."""
+    for all of them), to keep the suite within its time. The time limit only catches a hang: a CI run
+    was once killed at 240 s in round 3, for a cause not found (see run_cli for what a timeout now tells)."""
     out = tmp_path / "smoke"
     res = run_cli("run", str(REPO / "scenarios" / "smoke.yaml"), "--set", "algorithm.max_samples_per_round=2000",
-                  "--out", str(out), timeout=240)
+                  "--out", str(out), timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed"
