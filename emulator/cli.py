@@ -1,13 +1,14 @@
 """Command line: python -m emulator run|validate ..."""
 from __future__ import annotations
 
-import faulthandler
 import json
 import signal
 import sys
 from pathlib import Path
 
 import click
+
+from node.lifecycle import dump_stacks_on_sigusr1
 
 from .scenario import ScenarioError, load_scenario
 
@@ -23,8 +24,7 @@ def _fail(scenario: Path, exc: ScenarioError) -> None:
 @click.group()
 def main() -> None:
     """A multi-process network emulator for federated learning."""
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: where is it stuck?
+    dump_stacks_on_sigusr1()
 
 
 def _progress_options(command):

@@ -28,6 +28,11 @@ def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    dump_stacks_on_sigusr1()
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """kill -USR1 PID prints the process's threads' stacks to its stderr: where is it stuck?"""
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 

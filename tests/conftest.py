@@ -63,7 +63,8 @@ def _describe_and_kill(proc: subprocess.Popen) -> str:
     """Each process of the run with its state and CPU seconds, after asking each to dump its threads'
     stacks to the run's stderr (the CLI registers faulthandler for SIGUSR1); then all are killed."""
     try:
-        procs = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+        conductor = psutil.Process(proc.pid)
+        procs = [conductor] + conductor.children(recursive=True)
     except psutil.Error:
         procs = []
     lines = []
