@@ -1,8 +1,9 @@
 """The compiled parts: fused codec kernels (protocol/_kernels.c), the max-min filling of the
-flow model (emulator/_flowfill.c) and one-pass L1 norms and Laplace noise of DP training (node/_dpkernels.c).
+flow model (emulator/_flowfill.c), one-pass L1 norms and Laplace noise of DP training
+(node/_dpkernels.c), and ReLU with a 2x2 max-pool in one pass (node/_layerkernels.c).
 Optional: without a C compiler the install goes on and the codecs use their numpy path, the flow
 model its Python filling (the same bytes and numbers), the norms torch's float64 reductions
-(the same to about 1e-15)."""
+(the same to about 1e-15), the pool torch's ops (the same numbers)."""
 from setuptools import Extension, setup
 
 # the same float operations in the same order as the Python paths: no contraction into FMAs
@@ -12,4 +13,5 @@ setup(ext_modules=[
     Extension("protocol._kernels", ["protocol/_kernels.c"], extra_compile_args=EXACT, optional=True),
     Extension("emulator._flowfill", ["emulator/_flowfill.c"], extra_compile_args=EXACT, optional=True),
     Extension("node._dpkernels", ["node/_dpkernels.c"], extra_compile_args=EXACT, optional=True),
+    Extension("node._layerkernels", ["node/_layerkernels.c"], extra_compile_args=EXACT, optional=True),
 ])
