@@ -8,6 +8,10 @@
  * vector, and abs().sum() writes a temporary of its own: here the norm is one read, and the
  * estimate's update one pass over its three vectors.
  *
+ * Both take the gradient as a list of parts (the parameters' own gradient tensors, so a step
+ * needs no flat copy of them), and sum as if the parts were one vector: entry i of the whole goes
+ * to accumulator i mod 8, so the result does not depend on how the vector is cut.
+ *
  * Sums are taken in double precision in 8 interleaved accumulators, added pairwise at the end:
  * the same order on every machine (no FMA, no fast-math). The float32 values written (the
  * difference and the window) are exactly torch's: one float subtraction and one float addition
@@ -41,18 +45,34 @@ static inline double combine(const double a[8]) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-HOT static double l1_loop(const float *x, Py_ssize_t n) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+/* Adds |x| of one part, whose first entry is entry `offset` of the whole, to the accumulators. */
+HOT static void l1_part(const float *x, Py_ssize_t n, Py_ssize_t offset, double acc_io[8]) {
+    double acc[8];
+    memcpy(acc, acc_io, sizeof acc);
     Py_ssize_t i = 0;
+    for (; i < n && (offset + i) % 8; i++) acc[(offset + i) % 8] += fabs((double)x[i]);
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++) acc[k] += fabs((double)x[i + k]);
-    for (; i < n; i++) acc[i % 8] += fabs((double)x[i]);
-    return combine(acc);
+    for (; i < n; i++) acc[(offset + i) % 8] += fabs((double)x[i]);
+    memcpy(acc_io, acc, sizeof acc);
 }
 
-HOT static void update_loop(const float *gr, float *pr, float *wi, Py_ssize_t n, double *window_l1, double *diff_l1) {
-    double wacc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dacc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+static inline void update_one(const float *gr, float *pr, float *wi, Py_ssize_t i, double *wacc, double *dacc) {
+    const float before = wi[i];
+    const float d = gr[i] - pr[i];
+    *wacc += fabs((double)before);
+    *dacc += fabs((double)d);
+    pr[i] = d;
+    wi[i] = before + d;
+}
+
+HOT static void update_part(const float *gr, float *pr, float *wi, Py_ssize_t n, Py_ssize_t offset,
+                            double wacc_io[8], double dacc_io[8]) {
+    double wacc[8], dacc[8];
+    memcpy(wacc, wacc_io, sizeof wacc);
+    memcpy(dacc, dacc_io, sizeof dacc);
     Py_ssize_t i = 0;
+    for (; i < n && (offset + i) % 8; i++) update_one(gr, pr, wi, i, &wacc[(offset + i) % 8], &dacc[(offset + i) % 8]);
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++) {
             const float before = wi[i + k];
@@ -62,53 +82,82 @@ HOT static void update_loop(const float *gr, float *pr, float *wi, Py_ssize_t n,
             pr[i + k] = d;
             wi[i + k] = before + d;
         }
-    for (; i < n; i++) {
-        const float before = wi[i];
-        const float d = gr[i] - pr[i];
-        wacc[i % 8] += fabs((double)before);
-        dacc[i % 8] += fabs((double)d);
-        pr[i] = d;
-        wi[i] = before + d;
-    }
-    *window_l1 = combine(wacc);
-    *diff_l1 = combine(dacc);
+    for (; i < n; i++) update_one(gr, pr, wi, i, &wacc[(offset + i) % 8], &dacc[(offset + i) % 8]);
+    memcpy(wacc_io, wacc, sizeof wacc);
+    memcpy(dacc_io, dacc, sizeof dacc);
+}
+
+/* The buffers of a list of parts (writable or not), released by release_parts. */
+static Py_buffer *get_parts(PyObject *seq, Py_ssize_t *count, int writable, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, "the parts must be a list");
+    if (fast == NULL) return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_buffer *views = PyMem_Calloc(n > 0 ? n : 1, sizeof(Py_buffer));
+    if (views == NULL) { Py_DECREF(fast); PyErr_NoMemory(); return NULL; }
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (float_buffer(PySequence_Fast_GET_ITEM(fast, k), &views[k], writable, what) < 0) {
+            while (k--) PyBuffer_Release(&views[k]);
+            PyMem_Free(views);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    Py_DECREF(fast);
+    *count = n;
+    return views;
+}
+
+static void release_parts(Py_buffer *views, Py_ssize_t count) {
+    for (Py_ssize_t k = 0; k < count; k++) PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
 }
 
 static PyObject *l1_norm(PyObject *self, PyObject *args) {
-    PyObject *obj;
-    if (!PyArg_ParseTuple(args, "O", &obj)) return NULL;
-    Py_buffer v;
-    if (float_buffer(obj, &v, 0, "the vector") < 0) return NULL;
-    double total;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
+    Py_ssize_t count;
+    Py_buffer *parts = get_parts(seq, &count, 0, "every part");
+    if (parts == NULL) return NULL;
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     Py_BEGIN_ALLOW_THREADS
-    total = l1_loop(v.buf, v.len / 4);
+    Py_ssize_t offset = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        l1_part(parts[k].buf, parts[k].len / 4, offset, acc);
+        offset += parts[k].len / 4;
+    }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&v);
-    return PyFloat_FromDouble(total);
+    release_parts(parts, count);
+    return PyFloat_FromDouble(combine(acc));
 }
 
 /* (||window||_1 before the update, ||grad - prev||_1), with prev <- grad - prev and
-   window <- window + (grad - prev), all in one pass. */
+   window <- window + (grad - prev), all in one pass; each argument a list of parts, cut alike. */
 static PyObject *lipschitz_update(PyObject *self, PyObject *args) {
     PyObject *g_obj, *p_obj, *w_obj;
     if (!PyArg_ParseTuple(args, "OOO", &g_obj, &p_obj, &w_obj)) return NULL;
-    Py_buffer g, p, w;
-    if (float_buffer(g_obj, &g, 0, "grad") < 0) return NULL;
-    if (float_buffer(p_obj, &p, 1, "prev") < 0) { PyBuffer_Release(&g); return NULL; }
-    if (float_buffer(w_obj, &w, 1, "window") < 0) { PyBuffer_Release(&g); PyBuffer_Release(&p); return NULL; }
-    if (g.len != p.len || g.len != w.len) {
-        PyBuffer_Release(&g); PyBuffer_Release(&p); PyBuffer_Release(&w);
-        PyErr_SetString(PyExc_ValueError, "grad, prev and window must have the same length");
+    Py_ssize_t ng, np_, nw;
+    Py_buffer *g = get_parts(g_obj, &ng, 0, "grad");
+    if (g == NULL) return NULL;
+    Py_buffer *p = get_parts(p_obj, &np_, 1, "prev");
+    if (p == NULL) { release_parts(g, ng); return NULL; }
+    Py_buffer *w = get_parts(w_obj, &nw, 1, "window");
+    if (w == NULL) { release_parts(g, ng); release_parts(p, np_); return NULL; }
+    int agree = ng == np_ && ng == nw;
+    for (Py_ssize_t k = 0; agree && k < ng; k++) agree = g[k].len == p[k].len && g[k].len == w[k].len;
+    if (!agree) {
+        release_parts(g, ng); release_parts(p, np_); release_parts(w, nw);
+        PyErr_SetString(PyExc_ValueError, "grad, prev and window must be cut into parts of the same lengths");
         return NULL;
     }
-    double window_l1, diff_l1;
+    double wacc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dacc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     Py_BEGIN_ALLOW_THREADS
-    update_loop(g.buf, p.buf, w.buf, g.len / 4, &window_l1, &diff_l1);
+    Py_ssize_t offset = 0;
+    for (Py_ssize_t k = 0; k < ng; k++) {
+        update_part(g[k].buf, p[k].buf, w[k].buf, g[k].len / 4, offset, wacc, dacc);
+        offset += g[k].len / 4;
+    }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&g);
-    PyBuffer_Release(&p);
-    PyBuffer_Release(&w);
-    return Py_BuildValue("dd", window_l1, diff_l1);
+    release_parts(g, ng); release_parts(p, np_); release_parts(w, nw);
+    return Py_BuildValue("dd", combine(wacc), combine(dacc));
 }
 
 /* The Laplace noise's last steps, fused: each standard exponential gets its random sign (bit i of
@@ -168,9 +217,11 @@ static PyObject *laplace_finish(PyObject *self, PyObject *args) {
 static PyMethodDef METHODS[] = {
     {"laplace_finish", laplace_finish, METH_VARARGS,
      "laplace_finish(draw, signs, scale, value): draw <- (draw with the sign bits) * scale + value, in place."},
-    {"l1_norm", l1_norm, METH_VARARGS, "l1_norm(x) -> sum |x| of contiguous float32 values, summed in double."},
+    {"l1_norm", l1_norm, METH_VARARGS,
+     "l1_norm(parts) -> sum |x| over a list of contiguous float32 arrays, summed in double as one vector."},
     {"lipschitz_update", lipschitz_update, METH_VARARGS,
-     "lipschitz_update(grad, prev, window) -> (|window|_1, |grad - prev|_1); prev <- grad - prev, window += that."},
+     "lipschitz_update(grad, prev, window) -> (|window|_1, |grad - prev|_1); prev <- grad - prev, window += that. "
+     "Each a list of parts, cut alike."},
     {NULL, NULL, 0, NULL},
 };
 

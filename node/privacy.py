@@ -4,7 +4,7 @@ and the output-perturbation noise on the weights (Eq. 1.11)."""
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -33,48 +33,45 @@ def _compiled(t: torch.Tensor) -> bool:
     return _dpkernels is not None and t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
 
 
-def l1_norm(t: torch.Tensor) -> float:
-    """sum |t| in double precision. On the CPU one pass of node/_dpkernels.c over the values
-    (abs().sum() writes a temporary as large as the model first: 0.6-1.2 ms against 0.2-0.5 for
-    the CNN's gradient); elsewhere, or without the compiled module, torch's reduction in float64,
-    which agrees with it to about 1e-15."""
-    t = t.detach()
-    if _compiled(t):
-        return _dpkernels.l1_norm(t.numpy())
-    return float(t.abs().sum(dtype=torch.float64))
+Parts = Sequence[torch.Tensor]  # one vector cut into tensors: a step's gradient, one tensor per parameter
+
+
+def _parts(t: torch.Tensor | Parts) -> list[torch.Tensor]:
+    return [t.detach()] if isinstance(t, torch.Tensor) else [p.detach() for p in t]
+
+
+def l1_norm(t: torch.Tensor | Parts) -> float:
+    """sum |t| in double precision, over one tensor or over the parts of one vector (a gradient as
+    its parameters' tensors). On the CPU one pass of node/_dpkernels.c over the values, each entry
+    summed into the accumulator its place in the whole vector gives it, so the result does not
+    depend on how the vector is cut (abs().sum() writes a temporary as large as the model first:
+    0.6-1.2 ms against 0.2-0.5 for the CNN's gradient); elsewhere, or without the compiled module,
+    torch's reductions in float64, which agree with it to about 1e-15."""
+    parts = _parts(t)
+    if all(_compiled(p) for p in parts):
+        return _dpkernels.l1_norm([p.numpy() for p in parts])
+    return sum(float(p.abs().sum(dtype=torch.float64)) for p in parts)
 
 
 def clip_gradients(params: Iterable[torch.nn.Parameter], threshold: float, norm: float) -> float:
-    """Eq. 1.8: g <- g * min(1, xi / (||g|| + 1e-6)), the norm taken over all parameters together.
+    """Eq. 1.8 on the parameters' gradients: see clip_parts."""
+    return clip_parts([p.grad for p in params if p.grad is not None], threshold, norm)
 
-    norm = 1 for the Laplace mechanism (L1), 2 for the Gaussian one. Returns the norm before clipping."""
-    grads = [p.grad for p in params if p.grad is not None]
+
+def clip_parts(grads: Parts, threshold: float, norm: float) -> float:
+    """Eq. 1.8: g <- g * min(1, xi / (||g|| + 1e-6)), the norm taken over all the parts together,
+    in place. norm = 1 for the Laplace mechanism (L1, in double precision: float32 sums drift by
+    1e-7 and more), 2 for the Gaussian one. Returns the norm before clipping."""
     if not grads:
         return 0.0
-    if norm == 1:  # in double precision, as clip_flat takes it (float32 sums drift by 1e-7 and more)
-        total = 0.0
-        for g in grads:
-            total += l1_norm(g)
+    if norm == 1:
+        total = l1_norm(grads)
     else:
         total = float(vector_norm(torch.stack([vector_norm(g, norm) for g in grads]), norm))
     factor = threshold / (total + CLIP_EPSILON)
     if factor < 1.0:
         for g in grads:
             g.mul_(factor)
-    return total
-
-
-def clip_flat(params: Iterable[torch.nn.Parameter], flat: torch.Tensor, threshold: float, norm: float) -> float:
-    """Eq. 1.8 on a gradient already flattened (flat_gradient of the same params): one norm over
-    the flat copy, and the same factor applied to the parameters' gradients and to the copy.
-    Returns the norm before clipping."""
-    total = l1_norm(flat) if norm == 1 else float(vector_norm(flat, norm))
-    factor = threshold / (total + CLIP_EPSILON)
-    if factor < 1.0:
-        flat.mul_(factor)
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(factor)
     return total
 
 
@@ -91,37 +88,37 @@ class LipschitzEstimate:
 
     def __init__(self, lr: float):
         self.lr = lr
-        self.previous: dict[int, torch.Tensor] = {}
-        self.window: torch.Tensor | None = None
+        self.previous: dict[int, list[torch.Tensor]] = {}
+        self.window: list[torch.Tensor] | None = None
         self.value = 0.0
 
-    def observe(self, position: int, grad: torch.Tensor) -> None:
-        """grad: the flat clipped gradient about to be applied at batch `position` of the current
-        epoch, a tensor of its own (flat_gradient's): it is kept, not copied, and the next epoch's
-        observation at this position overwrites it with the difference (so no caller may hold on to it)."""
-        grad = grad.detach()
+    def observe(self, position: int, grad: torch.Tensor | Parts) -> None:
+        """grad: the clipped gradient about to be applied at batch `position` of the current epoch,
+        one tensor or the parameters' gradient tensors, cut the same way at every call. Its tensors
+        are kept, not copied (a step's fresh gradients: no copy of the model is made), and the next
+        epoch's observation at this position overwrites them with the difference, so nothing else
+        may write to them afterwards."""
+        grad = _parts(grad)
         prev = self.previous.get(position)
         if self.window is None:
-            self.window = torch.zeros_like(grad)
+            self.window = [torch.zeros_like(g) for g in grad]
         if prev is not None:
             # the previous gradient is replaced below: its memory takes the difference
-            if _compiled(grad) and _compiled(prev) and _compiled(self.window):
-                window_l1, diff_l1 = _dpkernels.lipschitz_update(grad.numpy(), prev.numpy(), self.window.numpy())
+            if all(_compiled(t) for t in (*grad, *prev, *self.window)):
+                window_l1, diff_l1 = _dpkernels.lipschitz_update([g.numpy() for g in grad], [p.numpy() for p in prev],
+                                                                 [w.numpy() for w in self.window])
             else:
                 window_l1 = l1_norm(self.window)
-                diff = torch.sub(grad, prev, out=prev)
-                self.window += diff
-                diff_l1 = l1_norm(diff)
+                for g, p, w in zip(grad, prev, self.window):
+                    w += torch.sub(g, p, out=p)
+                diff_l1 = l1_norm(prev)
             step_l1 = self.lr * window_l1
             if step_l1 > 0:
                 self.value = max(self.value, diff_l1 / step_l1)
         else:
-            self.window += grad
+            for w, g in zip(self.window, grad):
+                w += g
         self.previous[position] = grad
-
-
-def flat_gradient(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
 
 
 def sensitivity(samples: int, lipschitz: float, lr: float, epochs: int, clip: float) -> float:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .data import Dataset
-from .privacy import LipschitzEstimate, clip_flat, clip_gradients, flat_gradient
+from .privacy import LipschitzEstimate, clip_parts
 
 
 @dataclass(frozen=True)
@@ -101,13 +101,11 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
                 squares += float((nn.functional.cross_entropy(out, y, reduction="none") ** 2).sum())
             objective = loss if anchor is None else loss + proximal_term(params, anchor, cfg.prox_mu)
             objective.backward()
-            if estimate is not None:  # one flat copy serves the clip's norm and the estimate
-                flat = flat_gradient(params)
-                if cfg.clip is not None:
-                    clip_flat(params, flat, cfg.clip, cfg.clip_norm)
-                estimate.observe(position, flat)
-            elif cfg.clip is not None:
-                clip_gradients(params, cfg.clip, cfg.clip_norm)
+            grads = [p.grad for p in params if p.grad is not None]  # this step's own tensors
+            if cfg.clip is not None:
+                clip_parts(grads, cfg.clip, cfg.clip_norm)
+            if estimate is not None:  # keeps them: the next step's backward pass makes new ones
+                estimate.observe(position, grads)
             sgd_step(params, cfg.lr)
             total += float(loss.detach()) * y.numel()
             count += y.numel()

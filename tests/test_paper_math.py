@@ -8,7 +8,7 @@ import torch
 from node.accounting import analytic_gaussian_sigma
 from node.data import by_user_labels, partition_by_user
 from node.models import build_model, count_parameters
-from node.privacy import (LipschitzEstimate, add_noise, clip_flat, clip_gradients, flat_gradient, noise_factor,
+from node.privacy import (LipschitzEstimate, add_noise, clip_gradients, clip_parts, noise_factor,
                           noise_scale, sensitivity, vector_norm)
 from node.schedule import BitSchedule, cosine_bits, importance, label_entropy
 from node.training import LocalTraining, train_local
@@ -87,22 +87,28 @@ def test_l1_norm_of_a_model_sized_gradient_is_accurate():
     flat = g.clone()
     p = torch.nn.Parameter(torch.zeros_like(g))
     p.grad = g.clone()
-    assert clip_flat([p], flat, 1e9, 1.0) == pytest.approx(exact, rel=1e-6)
+    assert clip_parts([flat], 1e9, 1.0) == pytest.approx(exact, rel=1e-6)
     assert clip_gradients([p], 1e9, 1.0) == pytest.approx(exact, rel=1e-6)
 
 
 def test_both_clips_take_the_l1_norm_in_double_precision():
-    """clip_gradients (no Lipschitz estimate) and clip_flat (with it) clip the same gradient by the
-    same norm: the float64 sum over the CNN's parameters, to 1e-12 (a float32 sum is off by more)."""
+    """clip_gradients and clip_parts (training's, over the step's gradient tensors) clip by the
+    float64 L1 norm over all of the CNN's parameters, to 1e-12 (a float32 sum is off by more),
+    and by the norm of the flat gradient, however it is cut."""
     from node.models import build_model
     model = build_model("mnist_cnn", (1, 28, 28), 10)
     gen = torch.Generator().manual_seed(1)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=gen) * 0.01
     exact = sum(float(p.grad.double().abs().sum()) for p in model.parameters())
-    flat = flat_gradient(model.parameters())
-    assert clip_flat(list(model.parameters()), flat.clone(), 1e9, 1.0) == pytest.approx(exact, rel=1e-12)
+    flat = _flat_gradient(model.parameters())
+    assert clip_parts([flat], 1e9, 1.0) == pytest.approx(exact, rel=1e-12)
+    assert clip_parts([p.grad for p in model.parameters()], 1e9, 1.0) == clip_parts([flat], 1e9, 1.0)
     assert clip_gradients(list(model.parameters()), 1e9, 1.0) == pytest.approx(exact, rel=1e-12)
+
+
+def _flat_gradient(params) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
 
 
 def test_l2_clipping_for_the_gaussian_mechanism():
@@ -137,7 +143,7 @@ def test_lipschitz_estimate_equals_the_curvature_of_a_quadratic():
             model.zero_grad()
             loss = 0.5 * c * ((model(torch.zeros(1, 1)) - y) ** 2).sum()
             loss.backward()
-            est.observe(k, flat_gradient(model.parameters()))
+            est.observe(k, _flat_gradient(model.parameters()))
             with torch.no_grad():
                 model.w -= lr * model.w.grad
     assert est.value == pytest.approx(c, rel=1e-5)
@@ -162,7 +168,7 @@ def test_lipschitz_estimate_matches_the_naive_all_copies_version():
             model.zero_grad()
             torch.nn.functional.cross_entropy(model(data.x[idx]), data.y[idx]).backward()
             torch.nn.utils.clip_grad_norm_(params, 5.0, norm_type=1)
-            records[(e, k)] = (torch.cat([p.detach().reshape(-1) for p in params]).clone(), flat_gradient(params).clone())
+            records[(e, k)] = (torch.cat([p.detach().reshape(-1) for p in params]).clone(), _flat_gradient(params).clone())
             with torch.no_grad():
                 for p in params:
                     p -= 0.1 * p.grad
@@ -304,14 +310,14 @@ def test_the_fused_lipschitz_update_equals_torchs_passes(monkeypatch):
         want_diff = grad - prev
         want_window = window + want_diff
         p, w = prev.clone(), window.clone()
-        window_l1, diff_l1 = privacy._dpkernels.lipschitz_update(grad.numpy(), p.numpy(), w.numpy())
+        window_l1, diff_l1 = privacy._dpkernels.lipschitz_update([grad.numpy()], [p.numpy()], [w.numpy()])
         assert torch.equal(p, want_diff) and torch.equal(w, want_window)
         assert window_l1 == pytest.approx(want_window_l1, rel=1e-13)
         assert diff_l1 == pytest.approx(float(want_diff.double().abs().sum()), rel=1e-13)
     with pytest.raises(ValueError):
-        privacy._dpkernels.lipschitz_update(np.zeros(3, np.float32), np.zeros(4, np.float32), np.zeros(3, np.float32))
+        privacy._dpkernels.lipschitz_update([np.zeros(3, np.float32)], [np.zeros(4, np.float32)], [np.zeros(3, np.float32)])
     with pytest.raises(TypeError):
-        privacy._dpkernels.l1_norm(np.zeros(3, np.float64))
+        privacy._dpkernels.l1_norm([np.zeros(3, np.float64)])
     # the estimate over a session is the same with the kernel and with torch's passes
     values = {}
     for compiled in (True, False):
@@ -324,6 +330,38 @@ def test_the_fused_lipschitz_update_equals_torchs_passes(monkeypatch):
                 estimate.observe(position, torch.from_numpy(gen.standard_normal(5000).astype(np.float32)))
         values[compiled] = estimate.value
     assert values[True] == pytest.approx(values[False], rel=1e-13) and values[True] > 0
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_norms_and_estimate_do_not_depend_on_how_the_gradient_is_cut(monkeypatch, compiled):
+    """Training hands the clip and the Lipschitz estimate the step's gradient as its parameters'
+    tensors. Cut anywhere, the vector gives the flat vector's norms (bit for bit with the kernel,
+    whose 8 accumulators follow each entry's place in the whole; to 1e-13 with torch's passes),
+    the same differences and window, and the same estimate."""
+    from node import privacy
+
+    if compiled and privacy._dpkernels is None:
+        pytest.skip("node/_dpkernels.c is not built here")
+    if not compiled:
+        monkeypatch.setattr(privacy, "_dpkernels", None)
+    gen = np.random.default_rng(8)
+    n = 1_663_370
+    cuts = [0, 3, 800, 803, 52_003, 52_067, 1_658_000, 1_658_512, 1_663_360, n]  # the CNN's, and odd ones
+    same = (lambda a, b: a == b) if compiled else (lambda a, b: a == pytest.approx(b, rel=1e-13))
+
+    def cut(t):
+        return [t[a:b] for a, b in zip(cuts, cuts[1:])]
+
+    vectors = [torch.from_numpy(gen.standard_normal(n).astype(np.float32)) for _ in range(6)]
+    assert same(privacy.l1_norm(cut(vectors[0])), privacy.l1_norm(vectors[0]))
+    whole, parts = LipschitzEstimate(0.1), LipschitzEstimate(0.1)
+    for step, v in enumerate(vectors):
+        whole.observe(step % 3, v.clone())
+        parts.observe(step % 3, cut(v.clone()))
+    assert same(parts.value, whole.value) and whole.value > 0
+    for position in range(3):
+        assert torch.equal(torch.cat(parts.previous[position]), whole.previous[position][0])
+    assert torch.equal(torch.cat(parts.window), whole.window[0])
 
 
 def test_the_fused_laplace_noise_is_numpys_bit_for_bit(monkeypatch):
