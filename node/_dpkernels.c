@@ -57,16 +57,15 @@ HOT static void l1_part(const float *x, Py_ssize_t n, Py_ssize_t offset, double 
     memcpy(acc_io, acc, sizeof acc);
 }
 
-static inline void update_one(const float *gr, float *pr, float *wi, Py_ssize_t i, double *wacc, double *dacc) {
+static inline void update_one(const float *gr, const float *pr, float *wi, Py_ssize_t i, double *wacc, double *dacc) {
     const float before = wi[i];
     const float d = gr[i] - pr[i];
     *wacc += fabs((double)before);
     *dacc += fabs((double)d);
-    pr[i] = d;
     wi[i] = before + d;
 }
 
-HOT static void update_part(const float *gr, float *pr, float *wi, Py_ssize_t n, Py_ssize_t offset,
+HOT static void update_part(const float *gr, const float *pr, float *wi, Py_ssize_t n, Py_ssize_t offset,
                             double wacc_io[8], double dacc_io[8]) {
     double wacc[8], dacc[8];
     memcpy(wacc, wacc_io, sizeof wacc);
@@ -79,7 +78,6 @@ HOT static void update_part(const float *gr, float *pr, float *wi, Py_ssize_t n,
             const float d = gr[i + k] - pr[i + k];
             wacc[k] += fabs((double)before);
             dacc[k] += fabs((double)d);
-            pr[i + k] = d;
             wi[i + k] = before + d;
         }
     for (; i < n; i++) update_one(gr, pr, wi, i, &wacc[(offset + i) % 8], &dacc[(offset + i) % 8]);
@@ -129,15 +127,16 @@ static PyObject *l1_norm(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(combine(acc));
 }
 
-/* (||window||_1 before the update, ||grad - prev||_1), with prev <- grad - prev and
-   window <- window + (grad - prev), all in one pass; each argument a list of parts, cut alike. */
+/* (||window||_1 before the update, ||grad - prev||_1), with window <- window + (grad - prev), all in
+   one pass; each argument a list of parts, cut alike. The difference itself is not kept: the
+   estimate drops the previous gradient right after. */
 static PyObject *lipschitz_update(PyObject *self, PyObject *args) {
     PyObject *g_obj, *p_obj, *w_obj;
     if (!PyArg_ParseTuple(args, "OOO", &g_obj, &p_obj, &w_obj)) return NULL;
     Py_ssize_t ng, np_, nw;
     Py_buffer *g = get_parts(g_obj, &ng, 0, "grad");
     if (g == NULL) return NULL;
-    Py_buffer *p = get_parts(p_obj, &np_, 1, "prev");
+    Py_buffer *p = get_parts(p_obj, &np_, 0, "prev");
     if (p == NULL) { release_parts(g, ng); return NULL; }
     Py_buffer *w = get_parts(w_obj, &nw, 1, "window");
     if (w == NULL) { release_parts(g, ng); release_parts(p, np_); return NULL; }
@@ -220,7 +219,7 @@ static PyMethodDef METHODS[] = {
     {"l1_norm", l1_norm, METH_VARARGS,
      "l1_norm(parts) -> sum |x| over a list of contiguous float32 arrays, summed in double as one vector."},
     {"lipschitz_update", lipschitz_update, METH_VARARGS,
-     "lipschitz_update(grad, prev, window) -> (|window|_1, |grad - prev|_1); prev <- grad - prev, window += that. "
+     "lipschitz_update(grad, prev, window) -> (|window|_1, |grad - prev|_1); window += grad - prev. "
      "Each a list of parts, cut alike."},
     {NULL, NULL, 0, NULL},
 };

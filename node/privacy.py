@@ -95,15 +95,14 @@ class LipschitzEstimate:
     def observe(self, position: int, grad: torch.Tensor | Parts) -> None:
         """grad: the clipped gradient about to be applied at batch `position` of the current epoch,
         one tensor or the parameters' gradient tensors, cut the same way at every call. Its tensors
-        are kept, not copied (a step's fresh gradients: no copy of the model is made), and the next
-        epoch's observation at this position overwrites them with the difference, so nothing else
-        may write to them afterwards."""
+        are kept, not copied (a step's fresh gradients: no copy of the model is made), until the
+        next epoch's observation at this position, so nothing else may write to them meanwhile."""
         grad = _parts(grad)
         prev = self.previous.get(position)
         if self.window is None:
             self.window = [torch.zeros_like(g) for g in grad]
         if prev is not None:
-            # the previous gradient is replaced below: its memory takes the difference
+            # the previous gradient is dropped below: torch's passes write the difference into it
             if all(_compiled(t) for t in (*grad, *prev, *self.window)):
                 window_l1, diff_l1 = _dpkernels.lipschitz_update([g.numpy() for g in grad], [p.numpy() for p in prev],
                                                                  [w.numpy() for w in self.window])
