@@ -91,3 +91,7 @@ class Actor(Protocol):
     # delivery would compute (speculation saves wall time only; it must never change a run).
     # False: not now (no room for another result), ask again after the next job; True: done.
     # def speculate(self, msg: Message) -> bool: ...
+
+    # Optional, with speculate. When the work of a message shown early would be ready, estimated
+    # from eta, the earliest it could arrive: the worker prepares the earliest first.
+    # def speculation_ready(self, msg: Message, eta: float) -> float: ...

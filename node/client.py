@@ -97,6 +97,9 @@ class ClientConfig:
     strategy: Strategy = field(default_factory=FedAvg)  # its client side: how the global model becomes this client's
     cohort: str | int = "auto"  # algorithm.cohort: the largest group of clients a host trains together
     codec_time: CodecTime | None = None  # algorithm.charge_codec_time: the host's measured codec seconds
+    # of a round's tasks shown early to a host, the share trained ahead (likeliest to be ready first):
+    # with over-selection only about 1 / over_selection of them count (emulator/world.py sets it)
+    speculate_share: float = 1.0
 
 
 class Trainer:
@@ -200,6 +203,18 @@ class ClientActor(Checkpointable):
                       order: np.ndarray | None, data: Dataset):
         return self.cfg.strategy.local_update(
             state, local, lambda start, config: self.trainer.train(start, indices, config, rng, order, data))
+
+    def speculation_ready(self, msg: Message, eta: float) -> float:
+        """When the work of a task shown early would be ready, estimated (Actor.speculation_ready):
+        its earliest arrival plus the session's training time on the unloaded device."""
+        samples = int(self.profile.indices.size)
+        if self.cfg.max_samples:
+            samples = min(samples, self.cfg.max_samples)
+        try:
+            epochs, batch = int(msg.body["epochs"]), int(msg.body["batch_size"])
+        except (KeyError, TypeError, ValueError):
+            return eta  # not a task this client would train: its delivery rejects it
+        return eta + full_speed_seconds(self.profile.ms_per_sample, samples, epochs, batch, self.profile.ms_per_batch)
 
     def speculate(self, msg: Message) -> bool:
         """Train a task shown early (Actor.speculate), as its delivery's work would: the same start,

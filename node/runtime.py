@@ -5,11 +5,13 @@ is answered by `done` (with `busy_until` when the actor started modelled work), 
 of that work is sent stamped with its ready time, then the hold is released. Work runs on one
 worker thread, earliest ready time first, so the socket keeps answering deliveries meanwhile.
 When it has no work, the worker lets actors prepare for messages they have been shown early
-(previews, see Actor.speculate), earliest expected arrival first."""
+(previews, see Actor.speculate), those whose work would be ready first (Actor.speculation_ready)
+first, and of each preview only the share `speculate_share` of its receivers here that come first."""
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 import pickle
 import queue
@@ -45,7 +47,7 @@ class _Job:
 
 @dataclass(order=True)
 class _Preview:
-    eta: float  # the earliest emulated time the message could arrive
+    ready: float  # when the receiver's work would be ready, estimated (else its earliest arrival)
     seq: int
     actor: str = field(compare=False)
     msg: Message = field(compare=False)  # its frames are shared by the preview's receivers on this host
@@ -69,8 +71,12 @@ class Runtime:
                  restore: list[str] | None = None, announce: dict | None = None,
                  run_group: Callable[[list[Callable[[], Any]]], list[Any]] | None = None, group_size: int = 1,
                  secure: Callable[[zmq.Socket], None] | None = None, silence_s: float | None = None,
-                 speculation_stats: Callable[[], dict[str, int]] | None = None):
+                 speculation_stats: Callable[[], dict[str, int]] | None = None, speculate_share: float = 1.0):
         self.peer = peer
+        # Of each preview only this share of its receivers here is trained ahead, those whose work
+        # would be ready first: the last of a round's receivers are the likeliest to be left out
+        # when it closes (over-selection), and work trained for them is thrown away.
+        self.speculate_share = speculate_share
         # how the actors' prepared results fared (used, dropped), reported with the count trained ahead
         self.speculation_stats = speculation_stats
         self._speculation_reported: dict[str, int] = {}
@@ -203,17 +209,22 @@ class Runtime:
         """A message shown early (op preview): queued for the actors here that speculate."""
         if self.group_size > 1:
             return  # work runs in groups here, and a speculation runs alone: it could compute differently
+        candidates = []
+        for dst, eta in zip(env["dst"], env["eta"]):
+            actor = self.actors.get(dst)
+            if actor is None:
+                self._refuse(f"preview for unknown actor {dst!r}")
+                continue
+            if not hasattr(actor, "speculate"):
+                continue
+            msg = Message(env["src"], dst, env["kind"], env["round"], 0.0, env["body"], frames, None, env["preview"])
+            ready = actor.speculation_ready(msg, float(eta)) if hasattr(actor, "speculation_ready") else float(eta)
+            candidates.append((ready, dst, msg))
+        candidates.sort(key=lambda c: c[0])  # stable: ties keep the network's order
         with self._jobs_cv:
-            for dst, eta in zip(env["dst"], env["eta"]):
-                actor = self.actors.get(dst)
-                if actor is None:
-                    self._refuse(f"preview for unknown actor {dst!r}")
-                    continue
-                if not hasattr(actor, "speculate"):
-                    continue
-                msg = Message(env["src"], dst, env["kind"], env["round"], 0.0, env["body"], frames, None, env["preview"])
+            for ready, dst, msg in candidates[:math.ceil(self.speculate_share * len(candidates))]:
                 self._previewed.add((dst, env["preview"]))
-                heapq.heappush(self._previews, _Preview(float(eta), next(self._job_seq), dst, msg))
+                heapq.heappush(self._previews, _Preview(ready, next(self._job_seq), dst, msg))
             self._speculation_waits = False
             self._jobs_cv.notify()
 

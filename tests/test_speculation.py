@@ -345,3 +345,43 @@ def test_a_run_is_the_same_with_and_without_speculation(tmp_path):
     without = json.loads((outs["false"] / "summary.json").read_text())
     assert with_it["speculation"]["trained_ahead"] > 0 and with_it["speculation"]["used"] > 0, with_it["speculation"]
     assert "speculation" not in without
+
+
+class Estimates(Prepares):
+    """Prepares, with its own estimate of when its work would be ready."""
+
+    def __init__(self, name, log, ready):
+        super().__init__(name, log)
+        self.ready = ready
+
+    def speculation_ready(self, msg, eta):
+        return eta + self.ready
+
+
+def test_a_worker_prepares_the_earliest_ready_first_and_only_the_share_it_was_given():
+    """Ordered by eta plus each actor's own estimate (a: 1 + 5, b: 2 + 0, c: 3 + 1, d: 0.5 + 9);
+    with share 0.5 the two whose work would be ready last (a, d) are not trained ahead."""
+    log = []
+    actors = [Estimates(n, log, r) for n, r in (("a", 5.0), ("b", 0.0), ("c", 1.0), ("d", 9.0))]
+    rt = Runtime("host0", "inproc://unused", actors, speculate_share=0.5)
+    rt._preview(preview_env(["a", "b", "c", "d"], [1.0, 2.0, 3.0, 0.5], 9), [b"payload"])
+    assert rt._previewed == {("b", 9), ("c", 9)}
+    th = start_worker(rt)
+    wait_for(lambda: rt.speculated == 2)
+    stop(rt, th)
+    assert log == [("speculate", "b", 9, True), ("speculate", "c", 9, True)]
+    rt = Runtime("host0", "inproc://unused", [Estimates(n, [], 0.0) for n in "abc"], speculate_share=0.5)
+    rt._preview(preview_env(["a", "b", "c"], [3.0, 1.0, 2.0], 1), [b"payload"])
+    assert rt._previewed == {("b", 1), ("c", 1)}  # a share rounds up: 2 of 3
+
+
+def test_the_share_trained_ahead_follows_the_over_selection_of_first_k_rounds():
+    from emulator.scenario import load_scenario
+    from emulator.world import _speculate_share
+
+    flagship, _ = load_scenario("scenarios/edge_1000.yaml")
+    assert _speculate_share(flagship) == pytest.approx(1 / 1.3)
+    deadline_only, _ = load_scenario("scenarios/edge_1000.yaml", ["round.policy=all"])
+    assert _speculate_share(deadline_only) == 1.0
+    no_over, _ = load_scenario("scenarios/edge_1000.yaml", ["selection.over_selection=1.0"])
+    assert _speculate_share(no_over) == 1.0
