@@ -6,6 +6,9 @@ Each is taken only where it applies (a plain float32 CPU tensor, outside torch.f
 transforms, which cohort training uses); everywhere else the layers run as torch writes them."""
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -33,8 +36,22 @@ def hooked(module: nn.Module) -> bool:
     return any(getattr(sub, name, None) for sub in module.modules() for name in hooks)
 
 
+_enabled = True
+
+
+@contextlib.contextmanager
+def torch_layers() -> Iterator[None]:
+    """Within it, the layers run as torch writes them (for a baseline of plain PyTorch)."""
+    global _enabled
+    before, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
 def _plain_cpu_float(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype == torch.float32 and not _wrapped(t)
+    return _enabled and t.device.type == "cpu" and t.dtype == torch.float32 and not _wrapped(t)
 
 
 class _ReluMaxPool2(torch.autograd.Function):

@@ -100,3 +100,13 @@ def test_cnn_under_vmap_takes_torch_layers():
         one = grad(loss)({k: v[c] for k, v in stacked.items()}, x[c], y[c])
         for k in one:
             torch.testing.assert_close(batched[k][c], one[k], rtol=1e-4, atol=1e-6)
+
+
+def test_torch_layers_turns_the_compiled_paths_off_for_a_plain_baseline():
+    model = MnistCNN()
+    x = torch.rand(2, 1, 28, 28, requires_grad=True)
+    with layers.torch_layers():
+        plain = layers.relu_max_pool(x, nn.MaxPool2d(2))
+        assert type(layers.conv2d(x, model.features[0]).grad_fn).__name__ == "ConvolutionBackward0"
+    assert type(plain.grad_fn).__name__ == "MaxPool2DWithIndicesBackward0"
+    assert type(layers.conv2d(x, model.features[0]).grad_fn).__name__.startswith("_SingleChannelConv2d")

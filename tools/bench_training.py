@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from node.client import TaskSpec, Trainer  # noqa: E402
+from node.layers import torch_layers  # noqa: E402
 from node.data import synthetic  # noqa: E402
 from node.models import state_to_numpy  # noqa: E402
 from node.strategy import WeightedAverage  # noqa: E402
@@ -80,7 +81,13 @@ def sync(device: str) -> None:
 
 
 def plain_rounds(task: TaskSpec, sessions: list[list[np.ndarray]], local: LocalTraining) -> list[float]:
-    """Seconds per round of one-by-one training over each round's client sessions, then FedAvg."""
+    """Seconds per round of one-by-one training over each round's client sessions, then FedAvg,
+    with the model's layers as plain PyTorch runs them (not node/layers.py's compiled paths)."""
+    with torch_layers():
+        return _plain_rounds(task, sessions, local)
+
+
+def _plain_rounds(task: TaskSpec, sessions: list[list[np.ndarray]], local: LocalTraining) -> list[float]:
     trainer = Trainer(task, "off")
     device = str(device_of(trainer.model))
     global_state = state_to_numpy(trainer.model)
