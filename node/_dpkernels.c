@@ -73,13 +73,7 @@ HOT static void update_part(const float *gr, const float *pr, float *wi, Py_ssiz
     Py_ssize_t i = 0;
     for (; i < n && (offset + i) % 8; i++) update_one(gr, pr, wi, i, &wacc[(offset + i) % 8], &dacc[(offset + i) % 8]);
     for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) {
-            const float before = wi[i + k];
-            const float d = gr[i + k] - pr[i + k];
-            wacc[k] += fabs((double)before);
-            dacc[k] += fabs((double)d);
-            wi[i + k] = before + d;
-        }
+        for (int k = 0; k < 8; k++) update_one(gr, pr, wi, i + k, &wacc[k], &dacc[k]);
     for (; i < n; i++) update_one(gr, pr, wi, i, &wacc[(offset + i) % 8], &dacc[(offset + i) % 8]);
     memcpy(wacc_io, wacc, sizeof wacc);
     memcpy(dacc_io, dacc, sizeof dacc);

@@ -214,7 +214,11 @@ class ClientActor(Checkpointable):
             epochs, batch = int(msg.body["epochs"]), int(msg.body["batch_size"])
         except (KeyError, TypeError, ValueError):
             return eta  # not a task this client would train: its delivery rejects it
-        return eta + full_speed_seconds(self.profile.ms_per_sample, samples, epochs, batch, self.profile.ms_per_batch)
+        return eta + self._full_speed_seconds(samples, epochs, batch)
+
+    def _full_speed_seconds(self, samples: int, epochs: int, batch_size: int) -> float:
+        """A session's training time on this client's device, unloaded."""
+        return full_speed_seconds(self.profile.ms_per_sample, samples, epochs, batch_size, self.profile.ms_per_batch)
 
     def speculate(self, msg: Message) -> bool:
         """Train a task shown early (Actor.speculate), as its delivery's work would: the same start,
@@ -324,7 +328,7 @@ class ClientActor(Checkpointable):
             return deliver
 
         status = self.profile.status(now.device)
-        busy = full_speed_seconds(self.profile.ms_per_sample, trained_on, local.epochs, local.batch_size, self.profile.ms_per_batch)
+        busy = self._full_speed_seconds(trained_on, local.epochs, local.batch_size)
         if self.cfg.codec_time is not None:
             busy += self.cfg.codec_time.seconds(body.get("bits"), bits, self.profile.ms_per_sample)
         return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work,

@@ -12,6 +12,7 @@ from typing import Iterator
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.modules import module as torch_module
 
 try:
     from . import _layerkernels
@@ -25,15 +26,16 @@ except AttributeError:  # a torch without it: assume any tensor may be one
         return True
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
 def hooked(module: nn.Module) -> bool:
     """Whether a hook watches the module or one inside it (or every module: a global hook). Such
     layers must be called one by one, as written: Opacus computes per-sample gradients from
     hooks on each Conv2d and Linear, and a user's probe expects to see each layer's output."""
-    from torch.nn.modules import module as m
-    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    if any(getattr(m, f"_global{name}", None) for name in hooks):
+    if any(getattr(torch_module, f"_global{name}", None) for name in _HOOKS):
         return True
-    return any(getattr(sub, name, None) for sub in module.modules() for name in hooks)
+    return any(getattr(sub, name, None) for sub in module.modules() for name in _HOOKS)
 
 
 _enabled = True
