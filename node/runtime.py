@@ -33,6 +33,7 @@ LOG_EVERY_S = 5.0
 RESUME = "resume:"  # timer tag of a continuation waiting for its emulated time
 COHORT_QUIET_S = 0.002  # a cohort stops waiting for more work once deliveries pause this long (wall time only)
 COHORT_LINGER_S = 0.02  # and waits at most this long
+STOP_JOIN_S = 120.0  # how long a stopping peer waits for the job in progress to end
 
 
 @dataclass(order=True)
@@ -429,6 +430,22 @@ class Runtime:
             for close in self._wake_closers:
                 close()
             ctx.destroy(linger=0)
+            self._join(threads)
+
+    def _join(self, threads: list[threading.Thread]) -> None:
+        """Wait for the job in progress to end. A thread left inside a torch operation when the
+        interpreter finalizes is ended by pthread_exit on its way back to the GIL, through C++
+        frames that cannot unwind: "terminate called without an active exception", SIGABRT (a
+        remote host, which exits through the interpreter, ended so in CI). If the job does not end
+        in time, the process leaves without finalizing: the run is over, only the exit is left."""
+        deadline = time.monotonic() + STOP_JOIN_S
+        for th in threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+        if any(th.is_alive() for th in threads):
+            print(f"[{self.peer}] a job still running {STOP_JOIN_S:.0f} s after the run stopped: leaving without it",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(0)
 
     @staticmethod
     def tell_fatal(peer: str, endpoint: str, error: str, linger_ms: int = 2000,

@@ -225,3 +225,64 @@ def test_a_runtime_ends_cleanly_while_its_threads_still_wake_the_loop():
     res = subprocess.run([sys.executable, "-c", STOP_WHILE_WAKING], capture_output=True, text=True, timeout=120,
                          cwd=str(REPO))
     assert res.returncode == 0 and "survived" in res.stdout, (res.returncode, res.stderr[-2000:])
+
+
+STOP_WHILE_TRAINING = """
+import sys, time
+from pathlib import Path
+import torch
+from node.actor import Reaction
+from node.runtime import Runtime
+
+torch.set_num_threads(1)
+endpoint, started = sys.argv[1], Path(sys.argv[2])
+
+
+class Busy:
+    name = "c0"
+
+    def react(self, msg):
+        def work():
+            started.touch()
+            x = torch.randn(600, 600)
+            for _ in range(150):  # about a second inside torch, the GIL released
+                x = (x @ x).clamp_(-1, 1)
+            return Reaction()
+        return Reaction(work=work, work_s=1.0)
+
+
+Runtime("host0", endpoint, [Busy()], None).run()
+print("left the run", flush=True)
+"""
+
+
+def test_a_host_told_to_stop_while_a_job_runs_in_torch_exits_cleanly(tmp_path):
+    """A remote host leaves through the interpreter's own exit. A worker thread still inside a torch
+    operation then was ended by pthread_exit on its way back to the GIL, and the C++ frames it
+    unwound through called std::terminate: SIGABRT, exit -6 (CI, test_remote_hosts). The runtime now
+    waits for the job in progress before it returns. A real runtime in its own process, told to
+    stop while its one job multiplies matrices."""
+    ctx = zmq.Context()
+    net = ctx.socket(zmq.ROUTER)
+    port = net.bind_to_random_port("tcp://127.0.0.1")
+    started = tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-c", STOP_WHILE_TRAINING, f"tcp://127.0.0.1:{port}", str(started)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert net.poll(60_000), "the runtime never said hello"
+        peer, hello = net.recv_multipart()
+        assert envelope.unpack(hello)["op"] == "hello"
+        net.send_multipart([peer, envelope.pack("deliver", src="server", dst="c0", kind="task", round=1, t=0.0,
+                                                hold=1, body={}, device=None, shared=0)])
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the job never started"
+            time.sleep(0.01)
+        net.send_multipart([peer, envelope.pack("stop")])
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ctx.destroy(linger=0)
+    assert proc.returncode == 0 and "left the run" in out, (proc.returncode, err[-2000:])
+    assert "terminate called" not in err
