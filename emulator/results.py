@@ -89,6 +89,7 @@ class RunWriter:
         self.summary: dict[str, Any] = {"scenario": scenario.get("name"), "status": "running"}
         self.target = (scenario.get("eval") or {}).get("target_accuracy")
         self.releases: dict[str, list[Release]] = defaultdict(list)  # every noised message each client sent
+        self._composed: dict[str, tuple[int, dict]] = {}  # ledger_summary's totals per client, kept between summaries
         # asynchronous runs: task/update timing per (dispatch, client) until the step that concludes it
         self.dispatch_timing: dict[tuple[int, str], dict[str, Any]] = {}
         self.accounting_delta = ((scenario.get("algorithm") or {}).get("privacy") or {}).get("accounting_delta", 1e-5)
@@ -332,7 +333,8 @@ class RunWriter:
             "mean_bits_down": _mean(r.get("bits_down") for r in rows),
             "mean_bits_up": _mean(r.get("bits_up_mean") for r in rows),
             "mean_noise_scale": _mean(r.get("noise_scale_mean") for r in rows),
-            "privacy_spent": ledger_summary(self.releases, self.accounting_delta) if self.releases else None,
+            "privacy_spent": ledger_summary(self.releases, self.accounting_delta, self._composed)
+                              if self.releases else None,
             "client_outcomes": dict(self.outcomes),
             "client_updates_ok": total("completed"),
             "client_updates_failed": total("failed"),

@@ -58,3 +58,25 @@ def test_ledger_reports_each_client_and_the_worst():
     assert ledger["max_basic_epsilon"] == 3.0 and ledger["max_basic_delta"] == 0.0
     assert ledger["max_zcdp_epsilon"] == pytest.approx(zcdp_epsilon(1.5, 1e-5))
     assert np.isfinite(ledger["max_zcdp_epsilon"])
+
+
+def test_a_ledger_summarised_after_every_round_composes_only_the_clients_with_new_releases(monkeypatch):
+    """The run writer summarises its growing ledger after every round with a cache of each
+    client's totals: the same summary as from scratch, and a client with no new release is not
+    composed again."""
+    from node import accounting
+
+    ledger = {"c0": [laplace_release("update", 1.0)], "c1": [gaussian_release("u", 2.0, 1.0, 0.5, 1e-6)]}
+    cache: dict = {}
+    first = ledger_summary(ledger, 1e-5, cache)
+    assert first == ledger_summary(ledger, 1e-5)
+    calls = []
+    real = accounting.compose
+    monkeypatch.setattr(accounting, "compose", lambda rs, delta: calls.append(len(rs)) or real(rs, delta))
+    ledger["c1"].append(laplace_release("update", 0.5))
+    ledger["c2"] = [laplace_release("update", 4.0)]
+    second = ledger_summary(ledger, 1e-5, cache)
+    assert sorted(calls) == [1, 2]  # c1 (now 2 releases) and the new c2; c0 from the cache
+    monkeypatch.undo()
+    assert second == ledger_summary(ledger, 1e-5)
+    assert second["per_client"]["c1"]["releases"] == 2 and second["max_basic_epsilon"] == 4.0
