@@ -161,8 +161,8 @@ static PyObject *lipschitz_update(PyObject *self, PyObject *args) {
    the exponent times ln 2 in two parts), not libm's, so the bits are the same on every machine
    and in node/privacy.py's numpy path, which takes the same operations in the same order.
    out = sign(E) * scale + value. numpy's float32 exponential draws (a ziggurat, one call per
-   draw) took 10 ms for the CNN's 1.66 M weights; this takes the generator's 2.3 ms of words and
-   about 1 ms more. */
+   draw) took 10-13 ms for the CNN's 1.66 M weights; this takes the generator's 2.3-3.1 ms of words
+   and 1.5 ms more. */
 #define LN2_HI 0x1.62e4p-1f /* ln 2 = LN2_HI + LN2_LO, the first exact in 16 bits; float32 constants in hex, */
 #define LN2_LO 0x1.7f7d1cp-20f /* as node/privacy.py writes them */
 HOT static void laplace_bits_loop(const uint32_t *words, float scale, const float *value, float *out, Py_ssize_t n) {

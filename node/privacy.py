@@ -163,12 +163,11 @@ def add_noise(state: Mapping[str, np.ndarray], mechanism: str, scale: float, rng
             out[name] = value
             continue
         if mechanism == "laplace":
-            words = laplace_words(value.size, rng)
             if _dpkernels is not None and value.dtype == np.float32 and value.flags.c_contiguous:
-                out[name] = np.empty_like(value)  # draw, sign, scale and sum in one pass (node/_dpkernels.c)
-                _dpkernels.laplace_from_bits(words, float(np.float32(scale)), value, out[name])
+                out[name] = np.empty_like(value)  # standard_laplace's draws, signed, scaled and summed in one pass
+                _dpkernels.laplace_from_bits(laplace_words(value.size, rng), float(np.float32(scale)), value, out[name])
                 continue
-            draw = laplace_from_words(words, value.size).reshape(value.shape)
+            draw = standard_laplace(value.shape, rng)
         else:
             draw = rng.standard_normal(value.shape, dtype=np.float32)
         draw *= np.float32(scale)
