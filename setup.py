@@ -1,8 +1,8 @@
-"""The compiled parts: fused codec kernels (protocol/_kernels.c), the max-min filling of the
-flow model (emulator/_flowfill.c), one-pass L1 norms and Laplace noise of DP training
+"""The compiled parts: fused codec kernels (protocol/_kernels.c), the max-min filling and the
+rebalance of the flow model (emulator/_flowfill.c), one-pass L1 norms and Laplace noise of DP training
 (node/_dpkernels.c), and ReLU with a 2x2 max-pool in one pass (node/_layerkernels.c).
 Optional: without a C compiler the install goes on and the codecs use their numpy path, the flow
-model its Python filling (the same bytes and numbers), the norms torch's float64 reductions
+model its Python filling and rebalance (the same bytes and numbers), the norms torch's float64 reductions
 (the same to about 1e-15), the pool torch's ops (the same numbers)."""
 from setuptools import Extension, setup
 

@@ -1,4 +1,5 @@
-/* Max-min fair water-filling, emulator/links.py's `max_min_fill_py` compiled.
+/* Max-min fair water-filling, emulator/links.py's `max_min_fill_py` compiled (and below it the flow
+ * model's rebalance around it).
  *
  * The same algorithm with the same double operations in the same order (built with
  * -ffp-contract=off, never -ffast-math) and the same tie-breaking, so the rates and bottlenecks are
@@ -301,12 +302,477 @@ done:
     return result;
 }
 
+/* ---- FlowModel._rebalance ------------------------------------------------------------------
+ *
+ * emulator/links.py's `FlowModel._rebalance_py` compiled: the sync of every active flow, the window
+ * caps, the filling above, then each flow's bottleneck, TcpTransport.after_rates, the next event
+ * (FlowModel._schedule, TcpTransport.next_event), the links' load and the standing queues
+ * (_excess_of, _add_excess, _link_queue). The same double operations in the same order, on the
+ * same Python objects (read and written as attributes), so a run gives the same times to the last
+ * bit with either. What stays in Python is called back: FlowModel._instant_bits (a flow on a path
+ * without any finite link) and TcpTransport._next_growth_step (a window that starts to limit its
+ * flow). links.py uses this only for FlowModel itself with TcpTransport itself (or no transport):
+ * a subclass that overrides one of these hooks gets the Python version. */
+
+#define NAMES(X) X(flows) X(active) X(tcp) X(synced_t) X(rate) X(remaining_bits) X(budget) X(loss_in) \
+    X(phase) X(path) X(conn) X(cwnd) X(seg_bits) X(rtt_base) X(window_key) X(window_path) X(t)          \
+    X(transport) X(qdelay) X(excess) X(fill) X(capacity) X(unsettled) X(bottleneck) X(link_bottleneck)  \
+    X(share) X(limited) X(epoch) X(origin) X(done_at) X(version) X(round_end) X(load) X(pinned) X(held) \
+    X(queue_s) X(_instant_bits) X(_next_growth_step) X(open) X(ss) X(ca)
+#define DECLARE(name) static PyObject *S_##name;
+NAMES(DECLARE)
+#undef DECLARE
+
+static const double EPS_BITS = 1e-6; /* emulator/transport.py's EPS_BITS */
+static PyObject *ONE;
+
+static int is_phase(PyObject *phase, PyObject *name) {
+    return phase == name || (PyUnicode_Check(phase) && PyUnicode_Compare(phase, name) == 0);
+}
+
+static int get_double(PyObject *obj, PyObject *name, double *out) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (!value) return -1;
+    double v = PyFloat_CheckExact(value) ? PyFloat_AS_DOUBLE(value) : PyFloat_AsDouble(value);
+    Py_DECREF(value);
+    if (v == -1.0 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+static int set_double(PyObject *obj, PyObject *name, double v) {
+    PyObject *value = PyFloat_FromDouble(v);
+    if (!value) return -1;
+    int r = PyObject_SetAttr(obj, name, value);
+    Py_DECREF(value);
+    return r;
+}
+
+static int as_double(PyObject *value, double *out) {
+    double v = PyFloat_CheckExact(value) ? PyFloat_AS_DOUBLE(value) : PyFloat_AsDouble(value);
+    if (v == -1.0 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+/* map.get(key, default) as a double: 1 found, 0 absent, -1 error */
+static int dict_double(PyObject *map, PyObject *key, double *out) {
+    PyObject *value;
+    if (PyDict_CheckExact(map)) {
+        value = PyDict_GetItemWithError(map, key);
+        if (!value) return PyErr_Occurred() ? -1 : 0;
+        return as_double(value, out) < 0 ? -1 : 1;
+    }
+    value = PyObject_GetItem(map, key);
+    if (!value) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int r = as_double(value, out) < 0 ? -1 : 1;
+    Py_DECREF(value);
+    return r;
+}
+
+static int truthy_attr(PyObject *obj, PyObject *name) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (!value) return -1;
+    int r = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return r;
+}
+
+/* the flow's path as a fast sequence (a new reference) */
+static PyObject *path_of(PyObject *flow) {
+    PyObject *path = PyObject_GetAttr(flow, S_path);
+    if (!path) return NULL;
+    PyObject *seq = PySequence_Fast(path, "a flow's path must be a sequence");
+    Py_DECREF(path);
+    return seq;
+}
+
+/* entry[index] += by (the held list [bits, count] of _add_excess) */
+static int list_add(PyObject *entry, Py_ssize_t index, PyObject *by) {
+    PyObject *sum = PyNumber_Add(PyList_GET_ITEM(entry, index), by);
+    if (!sum) return -1;
+    return PyList_SetItem(entry, index, sum);
+}
+
+static PyObject *rebalance(PyObject *module, PyObject *args) {
+    PyObject *model, *force = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O", &model, &force)) return NULL;
+    PyObject *t_obj = NULL, *transport = NULL, *qdelay = NULL, *standing = NULL, *fill = NULL, *capacity = NULL;
+    PyObject *flows = NULL, *fids = NULL, *objs = NULL, *paths = NULL, *caps = NULL, *filled = NULL;
+    PyObject *changed = NULL, *load = NULL, *pinned = NULL, *excess = NULL, *held = NULL, *queue_s = NULL;
+    PyObject *new_qdelay = NULL, *new_fill = NULL, *result = NULL;
+    PyObject *flow = NULL, *st = NULL, *conn = NULL, *phase = NULL, *value = NULL;
+    double t;
+
+    if (PyObject_SetAttr(model, S_unsettled, Py_False) < 0) return NULL;
+    if (!(t_obj = PyObject_GetAttr(model, S_t)) || as_double(t_obj, &t) < 0) goto done;
+    if (!(transport = PyObject_GetAttr(model, S_transport))) goto done;
+    if (!(qdelay = PyObject_GetAttr(model, S_qdelay))) goto done;
+    if (!(standing = PyObject_GetAttr(model, S_excess))) goto done;
+    if (!(fill = PyObject_GetAttr(model, S_fill))) goto done;
+    if (!(capacity = PyObject_GetAttr(model, S_capacity))) goto done;
+    if (!(flows = PyObject_GetAttr(model, S_flows))) goto done;
+    if (!PyDict_Check(flows)) { PyErr_SetString(PyExc_TypeError, "FlowModel.flows must be a dict"); goto done; }
+    if (!(fids = PyList_New(0)) || !(objs = PyList_New(0)) || !(paths = PyList_New(0)) || !(caps = PyDict_New())) goto done;
+    const int queued_any = PyObject_IsTrue(qdelay);
+    if (queued_any < 0) goto done;
+
+    /* the sync, and each flow's path with its window cap (if any) */
+    {
+        Py_ssize_t pos = 0;
+        PyObject *fid, *item;
+        while (PyDict_Next(flows, &pos, &fid, &item)) {
+            flow = item;
+            Py_INCREF(flow);
+            int on = truthy_attr(flow, S_active);
+            if (on < 0) goto done;
+            if (!on) { Py_CLEAR(flow); continue; }
+            if (PyList_Append(fids, fid) < 0 || PyList_Append(objs, flow) < 0) goto done;
+            if (!(st = PyObject_GetAttr(flow, S_tcp))) goto done;
+            double synced, rate;
+            if (get_double(flow, S_synced_t, &synced) < 0 || get_double(flow, S_rate, &rate) < 0) goto done;
+            double dt = t - synced;
+            if (dt > 0 && rate > 0) {
+                double bits, remaining;
+                if (rate < INFINITY) {
+                    bits = rate * dt;
+                } else {
+                    if (!(value = PyObject_CallMethodOneArg(model, S__instant_bits, flow)) || as_double(value, &bits) < 0) goto done;
+                    Py_CLEAR(value);
+                }
+                if (get_double(flow, S_remaining_bits, &remaining) < 0) goto done;
+                if (bits > remaining) bits = remaining;
+                if (set_double(flow, S_remaining_bits, remaining - bits) < 0) goto done;
+                if (st != Py_None) {
+                    double budget, loss_in;
+                    if (get_double(st, S_budget, &budget) < 0) goto done;
+                    if (budget < INFINITY) {
+                        double left = budget - bits;
+                        if (set_double(st, S_budget, left > 0.0 ? left : 0.0) < 0) goto done; /* max(0.0, left) */
+                    }
+                    if (get_double(st, S_loss_in, &loss_in) < 0) goto done;
+                    if (loss_in < INFINITY && set_double(st, S_loss_in, loss_in - bits) < 0) goto done;
+                }
+            }
+            if (PyObject_SetAttr(flow, S_synced_t, t_obj) < 0) goto done;
+            PyObject *use = S_path; /* which path goes to the filling */
+            if (st != Py_None) {
+                if (!(phase = PyObject_GetAttr(st, S_phase))) goto done;
+                double cap = INFINITY;
+                int capped = 0;
+                if (is_phase(phase, S_ss)) {
+                    double budget;
+                    if (get_double(st, S_budget, &budget) < 0) goto done;
+                    if (!(budget > EPS_BITS)) { cap = 0.0; capped = 1; }
+                } else if (!is_phase(phase, S_open)) {
+                    /* TcpTransport.cap: W over the RTT (path_qdelay's sum, in its order) less the
+                       flow's own standing queue (own_qdelay) */
+                    double queued = 0.0, own = 0.0, cwnd, seg_bits, rtt_base;
+                    if (queued_any) {
+                        PyObject *seq = path_of(flow);
+                        if (!seq) goto done;
+                        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+                            double q;
+                            int found = dict_double(qdelay, PySequence_Fast_GET_ITEM(seq, j), &q);
+                            if (found < 0) { Py_DECREF(seq); goto done; }
+                            queued += found ? q : 0.0;
+                        }
+                        Py_DECREF(seq);
+                    }
+                    PyObject *part = PyDict_Check(standing) ? PyDict_GetItemWithError(standing, fid) : NULL;
+                    if (!part && PyErr_Occurred()) goto done;
+                    if (part && (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 2)) {
+                        PyErr_SetString(PyExc_TypeError, "FlowModel.excess holds (link, bits) pairs");
+                        goto done;
+                    }
+                    if (part) {
+                        PyObject *link = PyTuple_GET_ITEM(part, 0);
+                        double share;
+                        int found = dict_double(fill, link, &share);
+                        if (found < 0) goto done;
+                        if (found) {
+                            double bits, link_cap;
+                            if (as_double(PyTuple_GET_ITEM(part, 1), &bits) < 0) goto done;
+                            if (!(value = PyObject_GetItem(capacity, link)) || as_double(value, &link_cap) < 0) goto done;
+                            Py_CLEAR(value);
+                            own = bits * share / link_cap;
+                        }
+                    }
+                    if (!(conn = PyObject_GetAttr(st, S_conn))) goto done;
+                    if (get_double(conn, S_cwnd, &cwnd) < 0 || get_double(st, S_seg_bits, &seg_bits) < 0 ||
+                        get_double(st, S_rtt_base, &rtt_base) < 0) goto done;
+                    Py_CLEAR(conn);
+                    double rtt = (rtt_base + queued) - own;
+                    if (rtt == 0.0) { PyErr_SetString(PyExc_ZeroDivisionError, "float division by zero"); goto done; }
+                    cap = cwnd * seg_bits / rtt;
+                    capped = 1;
+                }
+                Py_CLEAR(phase);
+                if (capped && cap < INFINITY) {
+                    PyObject *key = PyObject_GetAttr(st, S_window_key);
+                    if (!key) goto done;
+                    PyObject *c = PyFloat_FromDouble(cap);
+                    int r = c ? PyDict_SetItem(caps, key, c) : -1;
+                    Py_DECREF(key);
+                    Py_XDECREF(c);
+                    if (r < 0) goto done;
+                    use = S_window_path;
+                }
+            }
+            PyObject *path = PyObject_GetAttr(use == S_path ? flow : st, use);
+            if (!path) goto done;
+            int r = PyList_Append(paths, path);
+            Py_DECREF(path);
+            if (r < 0) goto done;
+            Py_CLEAR(st);
+            Py_CLEAR(flow);
+        }
+    }
+    {
+        PyObject *fill_args = PyTuple_Pack(3, paths, capacity, caps);
+        if (!fill_args) goto done;
+        filled = max_min_fill(module, fill_args);
+        Py_DECREF(fill_args);
+        if (!filled) goto done;
+    }
+    PyObject *rates = PyTuple_GET_ITEM(filled, 0), *bottlenecks = PyTuple_GET_ITEM(filled, 1);
+    if (!(changed = PyList_New(0))) goto done;
+    const int tcp = transport != Py_None;
+    if (tcp) {
+        if (!(load = PyDict_New()) || !(pinned = PySet_New(NULL)) || !(excess = PyDict_New()) || !(held = PyDict_New())) goto done;
+        if (PyObject_SetAttr(model, S_load, load) < 0 || PyObject_SetAttr(model, S_pinned, pinned) < 0) goto done;
+    }
+
+    /* each flow's bottleneck, window state, next event, and its part of the links' load and queues */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs); i++) {
+        PyObject *fid = PyList_GET_ITEM(fids, i), *rate_obj = PyList_GET_ITEM(rates, i), *link = PyList_GET_ITEM(bottlenecks, i);
+        flow = PyList_GET_ITEM(objs, i);
+        Py_INCREF(flow);
+        double rate = PyFloat_AS_DOUBLE(rate_obj);
+        if (!(st = PyObject_GetAttr(flow, S_tcp))) goto done;
+        int limited = 0;
+        if (link != Py_None && st != Py_None) {
+            PyObject *key = PyObject_GetAttr(st, S_window_key);
+            if (!key) goto done;
+            limited = PyObject_RichCompareBool(link, key, Py_EQ);
+            Py_DECREF(key);
+            if (limited < 0) goto done;
+        }
+        if (PyObject_SetAttr(flow, S_bottleneck, link) < 0) goto done;
+        if (!limited) {
+            if (PyObject_SetAttr(flow, S_link_bottleneck, link) < 0) goto done;
+            if (rate > 0 && PyObject_SetAttr(flow, S_share, rate_obj) < 0) goto done;
+        }
+        int ca = 0;
+        if (st != Py_None) {
+            if (!(phase = PyObject_GetAttr(st, S_phase))) goto done;
+            ca = is_phase(phase, S_ca);
+            Py_CLEAR(phase);
+        }
+        if (ca) { /* TcpTransport.after_rates */
+            int was = truthy_attr(st, S_limited);
+            if (was < 0 || PyObject_SetAttr(st, S_limited, limited ? Py_True : Py_False) < 0) goto done;
+            if (limited && !was) { /* growth resumes from here */
+                if (!(conn = PyObject_GetAttr(st, S_conn))) goto done;
+                if (PyObject_SetAttr(conn, S_epoch, t_obj) < 0) goto done;
+                if (!(value = PyObject_GetAttr(conn, S_cwnd)) || PyObject_SetAttr(conn, S_origin, value) < 0) goto done;
+                Py_CLEAR(value);
+                Py_CLEAR(conn);
+                if (!(value = PyObject_CallMethodObjArgs(transport, S__next_growth_step, st, t_obj, Py_False, NULL))) goto done;
+                Py_CLEAR(value);
+            }
+        }
+        double flow_rate, done_at;
+        if (get_double(flow, S_rate, &flow_rate) < 0 || get_double(flow, S_done_at, &done_at) < 0) goto done;
+        int forced = 0;
+        if (force != Py_None && (forced = PyObject_RichCompareBool(fid, force, Py_EQ)) < 0) goto done;
+        if (rate != flow_rate || done_at >= INFINITY || forced) { /* FlowModel._schedule */
+            if (PyObject_SetAttr(flow, S_rate, rate_obj) < 0) goto done;
+            flow_rate = rate;
+            PyObject *version = PyObject_GetAttr(flow, S_version), *next;
+            if (!version) goto done;
+            next = PyNumber_Add(version, ONE);
+            Py_DECREF(version);
+            if (!next) goto done;
+            if (PyObject_SetAttr(flow, S_version, next) < 0) { Py_DECREF(next); goto done; }
+            PyObject *due_obj = NULL;
+            double remaining;
+            if (get_double(flow, S_remaining_bits, &remaining) < 0) { Py_DECREF(next); goto done; }
+            if (st != Py_None) { /* TcpTransport.next_event */
+                double due = INFINITY, loss_in, budget, round_end;
+                if (!(phase = PyObject_GetAttr(st, S_phase)) || get_double(st, S_loss_in, &loss_in) < 0 ||
+                    get_double(st, S_budget, &budget) < 0 || get_double(st, S_round_end, &round_end) < 0) { Py_DECREF(next); goto done; }
+                const int ss = is_phase(phase, S_ss);
+                const int ca_now = !ss && is_phase(phase, S_ca);
+                Py_CLEAR(phase);
+                if (rate > 0) {
+                    if (rate < INFINITY) {
+                        due = t + remaining / rate;
+                        if (loss_in < INFINITY) {
+                            double at = t + loss_in / rate;
+                            if (at < due) due = at;
+                        }
+                        if (ss && budget > EPS_BITS) {
+                            double at = t + budget / rate;
+                            if (at < due) due = at;
+                        }
+                    } else {
+                        due = t;
+                    }
+                }
+                int rounds = ss;
+                if (ca_now && (rounds = truthy_attr(st, S_limited)) < 0) { Py_DECREF(next); goto done; }
+                if (rounds && round_end < due) due = round_end;
+                due_obj = PyFloat_FromDouble(due);
+            } else if (remaining <= 0 || rate == INFINITY) {
+                due_obj = t_obj;
+                Py_INCREF(due_obj);
+            } else {
+                due_obj = PyFloat_FromDouble(rate > 0 ? t + remaining / rate : INFINITY);
+            }
+            if (!due_obj || PyObject_SetAttr(flow, S_done_at, due_obj) < 0) { Py_XDECREF(due_obj); Py_DECREF(next); goto done; }
+            double due = PyFloat_AsDouble(due_obj);
+            if (due < INFINITY) {
+                PyObject *event = PyTuple_Pack(3, fid, due_obj, next);
+                int r = event ? PyList_Append(changed, event) : -1;
+                Py_XDECREF(event);
+                if (r < 0) { Py_DECREF(due_obj); Py_DECREF(next); goto done; }
+            }
+            Py_DECREF(due_obj);
+            Py_DECREF(next);
+        }
+        if (tcp) {
+            if (link != Py_None && !limited && PySet_Add(pinned, link) < 0) goto done;
+            if (rate < INFINITY) {
+                PyObject *seq = path_of(flow);
+                if (!seq) goto done;
+                for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+                    PyObject *on = PySequence_Fast_GET_ITEM(seq, j);
+                    double before = 0.0;
+                    int found = dict_double(load, on, &before), r = -1;
+                    if (found >= 0) {
+                        PyObject *sum = PyFloat_FromDouble(before + rate);
+                        r = sum ? PyDict_SetItem(load, on, sum) : -1;
+                        Py_XDECREF(sum);
+                    }
+                    if (r < 0) { Py_DECREF(seq); goto done; }
+                }
+                Py_DECREF(seq);
+            }
+            if (ca) {
+                /* FlowModel._excess_of: the window beyond the flow's BDP waits at its bottleneck */
+                if (!(phase = PyObject_GetAttr(st, S_phase))) goto done;
+                int still_ca = is_phase(phase, S_ca);
+                Py_CLEAR(phase);
+                int lim = truthy_attr(st, S_limited);
+                if (lim < 0) goto done;
+                PyObject *at = PyObject_GetAttr(flow, S_link_bottleneck);
+                if (!at) goto done;
+                if (still_ca && !lim && at != Py_None && flow_rate < INFINITY) {
+                    double cwnd, seg_bits, rtt_base;
+                    if (!(conn = PyObject_GetAttr(st, S_conn)) || get_double(conn, S_cwnd, &cwnd) < 0 ||
+                        get_double(st, S_seg_bits, &seg_bits) < 0 || get_double(st, S_rtt_base, &rtt_base) < 0) { Py_DECREF(at); goto done; }
+                    Py_CLEAR(conn);
+                    double bits = cwnd * seg_bits - flow_rate * rtt_base;
+                    if (bits > 0) { /* _add_excess */
+                        PyObject *bits_obj = PyFloat_FromDouble(bits);
+                        PyObject *part = bits_obj ? PyTuple_Pack(2, at, bits_obj) : NULL;
+                        int r = part ? PyDict_SetItem(excess, fid, part) : -1;
+                        Py_XDECREF(part);
+                        PyObject *entry = r < 0 ? NULL : PyDict_GetItemWithError(held, at);
+                        if (r == 0 && !entry && !PyErr_Occurred()) {
+                            entry = Py_BuildValue("[di]", 0.0, 0);
+                            r = entry ? PyDict_SetItem(held, at, entry) : -1;
+                            Py_XDECREF(entry); /* held keeps it */
+                        }
+                        if (r == 0 && !entry) r = -1;
+                        if (r == 0) r = list_add(entry, 0, bits_obj);
+                        if (r == 0) r = list_add(entry, 1, ONE);
+                        Py_XDECREF(bits_obj);
+                        if (r < 0) { Py_DECREF(at); goto done; }
+                    }
+                }
+                Py_DECREF(at);
+            }
+        }
+        Py_CLEAR(st);
+        Py_CLEAR(flow);
+    }
+
+    if (tcp) {
+        /* the standing queues in place: FlowModel._link_queue for every link that holds some */
+        if (!(new_qdelay = PyDict_New()) || !(new_fill = PyDict_New())) goto done;
+        if (!(queue_s = PyObject_GetAttr(model, S_queue_s))) goto done;
+        Py_ssize_t pos = 0;
+        PyObject *link, *entry;
+        while (PyDict_Next(held, &pos, &link, &entry)) {
+            double bits, cap, buffer_s = 0.0;
+            int found = dict_double(capacity, link, &cap);
+            if (found < 0 || as_double(PyList_GET_ITEM(entry, 0), &bits) < 0) goto done;
+            if (!found) cap = INFINITY;
+            if (cap >= INFINITY || bits <= 0) continue;
+            if (dict_double(queue_s, link, &buffer_s) < 0) goto done;
+            double room = buffer_s * cap, queued = room < bits ? room : bits; /* min(bits, room) */
+            PyObject *q = PyFloat_FromDouble(queued / cap), *f = PyFloat_FromDouble(queued / bits);
+            int r = (q && f) ? PyDict_SetItem(new_qdelay, link, q) : -1;
+            if (r == 0) r = PyDict_SetItem(new_fill, link, f);
+            Py_XDECREF(q);
+            Py_XDECREF(f);
+            if (r < 0) goto done;
+        }
+        if (PyObject_SetAttr(model, S_excess, excess) < 0 || PyObject_SetAttr(model, S_held, held) < 0 ||
+            PyObject_SetAttr(model, S_qdelay, new_qdelay) < 0 || PyObject_SetAttr(model, S_fill, new_fill) < 0) goto done;
+    }
+    result = changed;
+    changed = NULL;
+
+done:
+    Py_XDECREF(flow);
+    Py_XDECREF(st);
+    Py_XDECREF(conn);
+    Py_XDECREF(phase);
+    Py_XDECREF(value);
+    Py_XDECREF(t_obj);
+    Py_XDECREF(transport);
+    Py_XDECREF(qdelay);
+    Py_XDECREF(standing);
+    Py_XDECREF(fill);
+    Py_XDECREF(capacity);
+    Py_XDECREF(flows);
+    Py_XDECREF(fids);
+    Py_XDECREF(objs);
+    Py_XDECREF(paths);
+    Py_XDECREF(caps);
+    Py_XDECREF(filled);
+    Py_XDECREF(changed);
+    Py_XDECREF(load);
+    Py_XDECREF(pinned);
+    Py_XDECREF(excess);
+    Py_XDECREF(held);
+    Py_XDECREF(queue_s);
+    Py_XDECREF(new_qdelay);
+    Py_XDECREF(new_fill);
+    return result;
+}
+
 static PyMethodDef METHODS[] = {
     {"max_min_fill", max_min_fill, METH_VARARGS,
      "max_min_fill(paths, capacity, override=None) -> (rates, bottlenecks): max-min fair rates."},
+    {"rebalance", rebalance, METH_VARARGS,
+     "rebalance(model, force=None) -> changed: FlowModel._rebalance_py's work on `model`, compiled."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_flowfill", "Max-min fair water-filling.", -1, METHODS};
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_flowfill", "Max-min fair water-filling and the flow model's rebalance.", -1, METHODS};
 
-PyMODINIT_FUNC PyInit__flowfill(void) { return PyModule_Create(&MODULE); }
+PyMODINIT_FUNC PyInit__flowfill(void) {
+#define INTERN(name) if (!(S_##name = PyUnicode_InternFromString(#name))) return NULL;
+    NAMES(INTERN)
+#undef INTERN
+    if (!ONE && !(ONE = PyLong_FromLong(1))) return NULL;
+    return PyModule_Create(&MODULE);
+}

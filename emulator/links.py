@@ -8,6 +8,7 @@ connection's congestion window: the window is one more constraint in the same ma
 so capacity a window-limited flow cannot use goes to the others."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Sequence
@@ -18,8 +19,9 @@ from .transport import EPS_BITS, TcpState, TcpTransport
 
 try:
     from ._flowfill import max_min_fill as _compiled_fill
+    from ._flowfill import rebalance as _compiled_rebalance
 except ImportError:  # not built (no C compiler at install): the Python filling, same numbers
-    _compiled_fill = None
+    _compiled_fill = _compiled_rebalance = None
 
 INF = math.inf
 
@@ -334,11 +336,18 @@ class FlowModel:
         return flow, self._rebalance()
 
     def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
+        """Every active flow's rate afresh: emulator/_flowfill.c's `rebalance` when it is built and
+        none of the hooks it writes out is overridden, else `_rebalance_py` (the same numbers)."""
+        if _compiled_rebalance is not None and _hooks_are_ours(type(self), type(self.transport)):
+            return _compiled_rebalance(self, force)
+        return self._rebalance_py(force)
+
+    def _rebalance_py(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
         """Every active flow's rate afresh. This runs at nearly every event of a tcp flow on a
         saturated link (hundreds of flows each time, most of the network's own work in a flagship
         round), so what `sync`, `TcpTransport.cap`, `TcpState.rtt` and `own_qdelay` compute is written
         out here, with the same float operations in the same order: a change to one of them must be
-        made here too."""
+        made here too, and in emulator/_flowfill.c's `rebalance`, which writes out this method."""
         self.unsettled = False
         t, transport, qdelay = self.t, self.transport, self.qdelay
         standing, fill, capacity = self.excess, self.fill, self.capacity  # as of the last rebalance
@@ -494,6 +503,20 @@ class FlowModel:
         if part is None or part[0] not in self.fill:
             return 0.0
         return part[1] * self.fill[part[0]] / self.capacity[part[0]]
+
+
+@functools.cache
+def _hooks_are_ours(model_type: type, transport_type: type) -> bool:
+    """Whether the compiled rebalance may stand in for `_rebalance_py`: it writes out these methods,
+    so a subclass that overrides one of them must get the Python version."""
+    model_hooks = ("_schedule", "_excess_of", "_link_queue", "_instant_bits", "sync", "_rebalance_py")
+    if any(getattr(model_type, name) is not getattr(FlowModel, name) for name in model_hooks):
+        return False
+    if transport_type is type(None):
+        return True
+    transport_hooks = ("after_rates", "next_event", "cap", "sent")
+    return issubclass(transport_type, TcpTransport) and all(
+        getattr(transport_type, name) is getattr(TcpTransport, name) for name in transport_hooks)
 
 
 def _add_excess(excess: dict, held: dict, fid: Hashable, part: tuple[Hashable, float]) -> None:

@@ -120,9 +120,67 @@ def test_a_tcp_round_arrives_at_the_same_times_with_either_filling(monkeypatch):
     import bench_flows
 
     arrivals = {}
-    for name, fill in (("compiled", links_module._compiled_fill), ("python", None)):
+    compiled = (links_module._compiled_fill, links_module._compiled_rebalance)
+    for name, (fill, rebalance) in (("compiled", compiled), ("python", (None, None))):
         monkeypatch.setattr(links_module, "_compiled_fill", fill)
+        monkeypatch.setattr(links_module, "_compiled_rebalance", rebalance)  # it fills in C itself
         model, transfers = bench_flows.tcp_round(24, model_bytes=1_000_000, seed=3)
         arrivals[name] = [(a.hex(), b.hex()) for a, b in links_module.simulate(model, transfers)]
     assert arrivals["compiled"] == arrivals["python"]
     assert len(arrivals["python"]) == 48 and all(float.fromhex(b) > float.fromhex(a) for a, b in arrivals["python"])
+
+
+@pytest.mark.parametrize("tcp", [True, False])
+def test_compiled_rebalance_gives_the_python_rebalances_times_and_state_bit_for_bit(monkeypatch, tcp):
+    """emulator/_flowfill.c's `rebalance` writes out FlowModel._rebalance_py (sync, window caps, the
+    filling, after_rates, next events, load, standing queues): on random workloads (stars behind a
+    server link and a shared cell, windows, loss, queues, reused connections; tests/flow_scenarios.py)
+    every arrival is the same float, and so is every event the model handed out."""
+    from emulator import links as links_module
+    from flow_scenarios import workload
+
+    if links_module._compiled_rebalance is None:
+        pytest.skip("emulator/_flowfill.c is not built here (no C compiler at install)")
+    for seed in range(40):
+        seen = {}
+        for name, rebalance in (("compiled", links_module._compiled_rebalance), ("python", None)):
+            monkeypatch.setattr(links_module, "_compiled_rebalance", rebalance)
+            model, transfers = workload(seed, tcp)
+            events = []
+            original = links_module.FlowModel._rebalance
+
+            def recorded(self, force=None, original=original, events=events):
+                changed = original(self, force)
+                events.append([(fid, due.hex(), version) for fid, due, version in changed])
+                events.append(sorted((link, q.hex()) for link, q in self.qdelay.items()))
+                return changed
+            monkeypatch.setattr(links_module.FlowModel, "_rebalance", recorded)
+            arrivals = [(a.hex(), b.hex()) for a, b in links_module.simulate(model, transfers)]
+            monkeypatch.setattr(links_module.FlowModel, "_rebalance", original)
+            seen[name] = arrivals, events
+        assert seen["compiled"][0] == seen["python"][0], seed
+        assert seen["compiled"][1] == seen["python"][1], seed
+        assert len(seen["python"][1]) > 2, seed  # the workload did rebalance
+
+
+def test_the_compiled_rebalance_stands_aside_for_overridden_hooks():
+    """A subclass that changes one of the methods the compiled rebalance writes out gets the Python
+    version, so its change takes effect."""
+    from emulator import links as links_module
+    from emulator.transport import TcpTransport
+
+    class Slower(TcpTransport):
+        def next_event(self, flow, now):
+            return super().next_event(flow, now) + 1.0
+
+    class Scheduled(links_module.FlowModel):
+        def _schedule(self, fid, flow, changed):
+            super()._schedule(fid, flow, changed)
+
+    assert links_module._hooks_are_ours(links_module.FlowModel, TcpTransport)
+    assert links_module._hooks_are_ours(links_module.FlowModel, type(None))
+    assert not links_module._hooks_are_ours(links_module.FlowModel, Slower)
+    assert not links_module._hooks_are_ours(Scheduled, TcpTransport)
+    model = links_module.FlowModel({"l": 8e6}, transport=Slower())
+    changed = model.add("f", 8e6, ("l",), connection="c", rtt=0.1)
+    assert changed and changed[0][1] > 1.0  # Slower's hour was used: the first round alone ends at 0.1 s

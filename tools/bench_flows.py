@@ -9,8 +9,8 @@ cell behind the server) is timed too, where the incremental model solves that co
 A third case times what the network's tcp model does in a flagship round (edge_1000's links:
 130 clients download the 6.6 MB model through the server's 1 Gbit/s uplink and, after training,
 upload it through its 300 Mbit/s ingress, with slow start, queues and loss), run through
-`emulator.links.simulate` twice in this run: with the compiled max-min filling
-(emulator/_flowfill.c) and with the Python one. Both must give the same arrival times, bit for bit.
+`emulator.links.simulate` twice in this run: with the compiled max-min filling and rebalance
+(emulator/_flowfill.c) and with the Python ones. Both must give the same arrival times, bit for bit.
 
 Usage: python tools/bench_flows.py [--flows 10000] [--json]
 --json prints one object: flows, scratch_ms, incremental_ms, speedup (and the same for the cell
@@ -101,9 +101,10 @@ def tcp_round(clients: int, model_bytes: int = 6_600_000, seed: int = 0) -> tupl
 
 
 def measure_tcp_round(clients: int) -> dict:
-    """The round with the compiled filling and with the Python one, alternately, best of three each."""
-    compiled = links._compiled_fill
-    if compiled is None:
+    """The round with the compiled filling and rebalance and with the Python ones, alternately, best
+    of three each. `fills`: the rebalances of the round (each fills max-min rates once)."""
+    compiled, rebalance = links._compiled_fill, links._compiled_rebalance
+    if compiled is None or rebalance is None:
         return {"clients": clients, "compiled_s": None, "python_s": None, "speedup": None, "note": "emulator/_flowfill.c not built"}
     times: dict[str, list[float]] = {"compiled": [], "python": []}
     results = {}
@@ -111,11 +112,11 @@ def measure_tcp_round(clients: int) -> dict:
 
     def counted(*args):
         calls["n"] += 1
-        return compiled(*args)
+        return rebalance(*args)
     try:
         for _ in range(3):
-            for name, fill in (("compiled", counted), ("python", None)):
-                links._compiled_fill = fill
+            for name, (fill, rebalancing) in (("compiled", (compiled, counted)), ("python", (None, None))):
+                links._compiled_fill, links._compiled_rebalance = fill, rebalancing
                 model, transfers = tcp_round(clients)
                 calls["n"] = 0
                 start = time.perf_counter()
@@ -124,7 +125,7 @@ def measure_tcp_round(clients: int) -> dict:
                 if name == "compiled":
                     fills = calls["n"]
     finally:
-        links._compiled_fill = compiled
+        links._compiled_fill, links._compiled_rebalance = compiled, rebalance
     if [(a.hex(), b.hex()) for a, b in results["compiled"]] != [(a.hex(), b.hex()) for a, b in results["python"]]:
         raise SystemExit("the compiled and the Python filling gave different arrival times")
     c, p = min(times["compiled"]), min(times["python"])
