@@ -13,6 +13,7 @@
  * breaks ties, as the Python version's does. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,22 +331,97 @@ static int is_phase(PyObject *phase, PyObject *name) {
     return phase == name || (PyUnicode_Check(phase) && PyUnicode_Compare(phase, name) == 0);
 }
 
-static int get_double(PyObject *obj, PyObject *name, double *out) {
-    PyObject *value = PyObject_GetAttr(obj, name);
+/* The attributes of Flow, TcpState and Connection the rebalance reads and writes. They are slots
+   (dataclass(slots=True)): for an instance of exactly the class `bind_types` was given, each is read
+   and written at its offset in the object, without a lookup; any other object (a subclass, which
+   may override one with a property) goes through getattr and setattr. */
+enum { K_FLOW, K_STATE, K_CONN, K_KINDS };
+typedef struct {
+    PyObject **name;
+    int kind;
+    Py_ssize_t offset; /* -1: not a plain slot of the bound class */
+} Field;
+static PyTypeObject *BOUND[K_KINDS];
+#define FLOW_FIELDS(X) X(active) X(tcp) X(synced_t) X(rate) X(remaining_bits) X(path) X(bottleneck) \
+    X(link_bottleneck) X(share) X(done_at) X(version)
+#define STATE_FIELDS(X) X(budget) X(loss_in) X(phase) X(conn) X(seg_bits) X(rtt_base) X(window_key) \
+    X(window_path) X(limited) X(round_end)
+#define CONN_FIELDS(X) X(cwnd) X(epoch) X(origin)
+#define FLOW_FIELD(name) static Field F_##name = {&S_##name, K_FLOW, -1};
+#define STATE_FIELD(name) static Field F_##name = {&S_##name, K_STATE, -1};
+#define CONN_FIELD(name) static Field F_##name = {&S_##name, K_CONN, -1};
+FLOW_FIELDS(FLOW_FIELD) STATE_FIELDS(STATE_FIELD) CONN_FIELDS(CONN_FIELD)
+#define FIELD_ADDRESS(name) &F_##name,
+static Field *const FIELDS[] = {FLOW_FIELDS(FIELD_ADDRESS) STATE_FIELDS(FIELD_ADDRESS) CONN_FIELDS(FIELD_ADDRESS)};
+
+static inline PyObject **slot_of(PyObject *obj, const Field *f) {
+    return (f->offset >= 0 && Py_TYPE(obj) == BOUND[f->kind]) ? (PyObject **)((char *)obj + f->offset) : NULL;
+}
+
+static PyObject *get(PyObject *obj, const Field *f) { /* a new reference */
+    PyObject **slot = slot_of(obj, f);
+    if (!slot) return PyObject_GetAttr(obj, *f->name);
+    if (!*slot) {
+        PyErr_SetObject(PyExc_AttributeError, *f->name);
+        return NULL;
+    }
+    Py_INCREF(*slot);
+    return *slot;
+}
+
+static int set(PyObject *obj, const Field *f, PyObject *value) {
+    PyObject **slot = slot_of(obj, f);
+    if (!slot) return PyObject_SetAttr(obj, *f->name, value);
+    PyObject *old = *slot;
+    Py_INCREF(value);
+    *slot = value;
+    Py_XDECREF(old);
+    return 0;
+}
+
+static int get_double(PyObject *obj, const Field *f, double *out) {
+    PyObject **slot = slot_of(obj, f);
+    if (slot && *slot && PyFloat_CheckExact(*slot)) {
+        *out = PyFloat_AS_DOUBLE(*slot);
+        return 0;
+    }
+    PyObject *value = get(obj, f);
     if (!value) return -1;
-    double v = PyFloat_CheckExact(value) ? PyFloat_AS_DOUBLE(value) : PyFloat_AsDouble(value);
+    double v = PyFloat_AsDouble(value);
     Py_DECREF(value);
     if (v == -1.0 && PyErr_Occurred()) return -1;
     *out = v;
     return 0;
 }
 
-static int set_double(PyObject *obj, PyObject *name, double v) {
+static int set_double(PyObject *obj, const Field *f, double v) {
     PyObject *value = PyFloat_FromDouble(v);
     if (!value) return -1;
-    int r = PyObject_SetAttr(obj, name, value);
+    int r = set(obj, f, value);
     Py_DECREF(value);
     return r;
+}
+
+/* bind_types(Flow, TcpState, Connection): the classes whose slots are read in place */
+static PyObject *bind_types(PyObject *module, PyObject *args) {
+    PyObject *types[K_KINDS];
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &types[0], &PyType_Type, &types[1], &PyType_Type, &types[2])) return NULL;
+    for (size_t i = 0; i < sizeof(FIELDS) / sizeof(FIELDS[0]); i++) {
+        Field *f = FIELDS[i];
+        PyObject *descr = PyObject_GetAttr(types[f->kind], *f->name);
+        if (!descr) return NULL;
+        f->offset = -1;
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) f->offset = member->offset;
+        }
+        Py_DECREF(descr);
+    }
+    for (int k = 0; k < K_KINDS; k++) {
+        Py_INCREF(types[k]);
+        Py_XSETREF(BOUND[k], (PyTypeObject *)types[k]);
+    }
+    Py_RETURN_NONE;
 }
 
 static int as_double(PyObject *value, double *out) {
@@ -374,8 +450,8 @@ static int dict_double(PyObject *map, PyObject *key, double *out) {
     return r;
 }
 
-static int truthy_attr(PyObject *obj, PyObject *name) {
-    PyObject *value = PyObject_GetAttr(obj, name);
+static int truthy_attr(PyObject *obj, const Field *f) {
+    PyObject *value = get(obj, f);
     if (!value) return -1;
     int r = PyObject_IsTrue(value);
     Py_DECREF(value);
@@ -384,7 +460,7 @@ static int truthy_attr(PyObject *obj, PyObject *name) {
 
 /* the flow's path as a fast sequence (a new reference) */
 static PyObject *path_of(PyObject *flow) {
-    PyObject *path = PyObject_GetAttr(flow, S_path);
+    PyObject *path = get(flow, &F_path);
     if (!path) return NULL;
     PyObject *seq = PySequence_Fast(path, "a flow's path must be a sequence");
     Py_DECREF(path);
@@ -428,13 +504,13 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
         while (PyDict_Next(flows, &pos, &fid, &item)) {
             flow = item;
             Py_INCREF(flow);
-            int on = truthy_attr(flow, S_active);
+            int on = truthy_attr(flow, &F_active);
             if (on < 0) goto done;
             if (!on) { Py_CLEAR(flow); continue; }
             if (PyList_Append(fids, fid) < 0 || PyList_Append(objs, flow) < 0) goto done;
-            if (!(st = PyObject_GetAttr(flow, S_tcp))) goto done;
+            if (!(st = get(flow, &F_tcp))) goto done;
             double synced, rate;
-            if (get_double(flow, S_synced_t, &synced) < 0 || get_double(flow, S_rate, &rate) < 0) goto done;
+            if (get_double(flow, &F_synced_t, &synced) < 0 || get_double(flow, &F_rate, &rate) < 0) goto done;
             double dt = t - synced;
             if (dt > 0 && rate > 0) {
                 double bits, remaining;
@@ -444,29 +520,29 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                     if (!(value = PyObject_CallMethodOneArg(model, S__instant_bits, flow)) || as_double(value, &bits) < 0) goto done;
                     Py_CLEAR(value);
                 }
-                if (get_double(flow, S_remaining_bits, &remaining) < 0) goto done;
+                if (get_double(flow, &F_remaining_bits, &remaining) < 0) goto done;
                 if (bits > remaining) bits = remaining;
-                if (set_double(flow, S_remaining_bits, remaining - bits) < 0) goto done;
+                if (set_double(flow, &F_remaining_bits, remaining - bits) < 0) goto done;
                 if (st != Py_None) {
                     double budget, loss_in;
-                    if (get_double(st, S_budget, &budget) < 0) goto done;
+                    if (get_double(st, &F_budget, &budget) < 0) goto done;
                     if (budget < INFINITY) {
                         double left = budget - bits;
-                        if (set_double(st, S_budget, left > 0.0 ? left : 0.0) < 0) goto done; /* max(0.0, left) */
+                        if (set_double(st, &F_budget, left > 0.0 ? left : 0.0) < 0) goto done; /* max(0.0, left) */
                     }
-                    if (get_double(st, S_loss_in, &loss_in) < 0) goto done;
-                    if (loss_in < INFINITY && set_double(st, S_loss_in, loss_in - bits) < 0) goto done;
+                    if (get_double(st, &F_loss_in, &loss_in) < 0) goto done;
+                    if (loss_in < INFINITY && set_double(st, &F_loss_in, loss_in - bits) < 0) goto done;
                 }
             }
-            if (PyObject_SetAttr(flow, S_synced_t, t_obj) < 0) goto done;
-            PyObject *use = S_path; /* which path goes to the filling */
+            if (set(flow, &F_synced_t, t_obj) < 0) goto done;
+            int windowed = 0; /* whether the flow's window goes to the filling as a link of its path */
             if (st != Py_None) {
-                if (!(phase = PyObject_GetAttr(st, S_phase))) goto done;
+                if (!(phase = get(st, &F_phase))) goto done;
                 double cap = INFINITY;
                 int capped = 0;
                 if (is_phase(phase, S_ss)) {
                     double budget;
-                    if (get_double(st, S_budget, &budget) < 0) goto done;
+                    if (get_double(st, &F_budget, &budget) < 0) goto done;
                     if (!(budget > EPS_BITS)) { cap = 0.0; capped = 1; }
                 } else if (!is_phase(phase, S_open)) {
                     /* TcpTransport.cap: W over the RTT (path_qdelay's sum, in its order) less the
@@ -502,9 +578,9 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                             own = bits * share / link_cap;
                         }
                     }
-                    if (!(conn = PyObject_GetAttr(st, S_conn))) goto done;
-                    if (get_double(conn, S_cwnd, &cwnd) < 0 || get_double(st, S_seg_bits, &seg_bits) < 0 ||
-                        get_double(st, S_rtt_base, &rtt_base) < 0) goto done;
+                    if (!(conn = get(st, &F_conn))) goto done;
+                    if (get_double(conn, &F_cwnd, &cwnd) < 0 || get_double(st, &F_seg_bits, &seg_bits) < 0 ||
+                        get_double(st, &F_rtt_base, &rtt_base) < 0) goto done;
                     Py_CLEAR(conn);
                     double rtt = (rtt_base + queued) - own;
                     if (rtt == 0.0) { PyErr_SetString(PyExc_ZeroDivisionError, "float division by zero"); goto done; }
@@ -513,17 +589,17 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                 }
                 Py_CLEAR(phase);
                 if (capped && cap < INFINITY) {
-                    PyObject *key = PyObject_GetAttr(st, S_window_key);
+                    PyObject *key = get(st, &F_window_key);
                     if (!key) goto done;
                     PyObject *c = PyFloat_FromDouble(cap);
                     int r = c ? PyDict_SetItem(caps, key, c) : -1;
                     Py_DECREF(key);
                     Py_XDECREF(c);
                     if (r < 0) goto done;
-                    use = S_window_path;
+                    windowed = 1;
                 }
             }
-            PyObject *path = PyObject_GetAttr(use == S_path ? flow : st, use);
+            PyObject *path = windowed ? get(st, &F_window_path) : get(flow, &F_path);
             if (!path) goto done;
             int r = PyList_Append(paths, path);
             Py_DECREF(path);
@@ -553,33 +629,33 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
         flow = PyList_GET_ITEM(objs, i);
         Py_INCREF(flow);
         double rate = PyFloat_AS_DOUBLE(rate_obj);
-        if (!(st = PyObject_GetAttr(flow, S_tcp))) goto done;
+        if (!(st = get(flow, &F_tcp))) goto done;
         int limited = 0;
         if (link != Py_None && st != Py_None) {
-            PyObject *key = PyObject_GetAttr(st, S_window_key);
+            PyObject *key = get(st, &F_window_key);
             if (!key) goto done;
             limited = PyObject_RichCompareBool(link, key, Py_EQ);
             Py_DECREF(key);
             if (limited < 0) goto done;
         }
-        if (PyObject_SetAttr(flow, S_bottleneck, link) < 0) goto done;
+        if (set(flow, &F_bottleneck, link) < 0) goto done;
         if (!limited) {
-            if (PyObject_SetAttr(flow, S_link_bottleneck, link) < 0) goto done;
-            if (rate > 0 && PyObject_SetAttr(flow, S_share, rate_obj) < 0) goto done;
+            if (set(flow, &F_link_bottleneck, link) < 0) goto done;
+            if (rate > 0 && set(flow, &F_share, rate_obj) < 0) goto done;
         }
         int ca = 0;
         if (st != Py_None) {
-            if (!(phase = PyObject_GetAttr(st, S_phase))) goto done;
+            if (!(phase = get(st, &F_phase))) goto done;
             ca = is_phase(phase, S_ca);
             Py_CLEAR(phase);
         }
         if (ca) { /* TcpTransport.after_rates */
-            int was = truthy_attr(st, S_limited);
-            if (was < 0 || PyObject_SetAttr(st, S_limited, limited ? Py_True : Py_False) < 0) goto done;
+            int was = truthy_attr(st, &F_limited);
+            if (was < 0 || set(st, &F_limited, limited ? Py_True : Py_False) < 0) goto done;
             if (limited && !was) { /* growth resumes from here */
-                if (!(conn = PyObject_GetAttr(st, S_conn))) goto done;
-                if (PyObject_SetAttr(conn, S_epoch, t_obj) < 0) goto done;
-                if (!(value = PyObject_GetAttr(conn, S_cwnd)) || PyObject_SetAttr(conn, S_origin, value) < 0) goto done;
+                if (!(conn = get(st, &F_conn))) goto done;
+                if (set(conn, &F_epoch, t_obj) < 0) goto done;
+                if (!(value = get(conn, &F_cwnd)) || set(conn, &F_origin, value) < 0) goto done;
                 Py_CLEAR(value);
                 Py_CLEAR(conn);
                 if (!(value = PyObject_CallMethodObjArgs(transport, S__next_growth_step, st, t_obj, Py_False, NULL))) goto done;
@@ -587,25 +663,25 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
             }
         }
         double flow_rate, done_at;
-        if (get_double(flow, S_rate, &flow_rate) < 0 || get_double(flow, S_done_at, &done_at) < 0) goto done;
+        if (get_double(flow, &F_rate, &flow_rate) < 0 || get_double(flow, &F_done_at, &done_at) < 0) goto done;
         int forced = 0;
         if (force != Py_None && (forced = PyObject_RichCompareBool(fid, force, Py_EQ)) < 0) goto done;
         if (rate != flow_rate || done_at >= INFINITY || forced) { /* FlowModel._schedule */
-            if (PyObject_SetAttr(flow, S_rate, rate_obj) < 0) goto done;
+            if (set(flow, &F_rate, rate_obj) < 0) goto done;
             flow_rate = rate;
-            PyObject *version = PyObject_GetAttr(flow, S_version), *next;
+            PyObject *version = get(flow, &F_version), *next;
             if (!version) goto done;
             next = PyNumber_Add(version, ONE);
             Py_DECREF(version);
             if (!next) goto done;
-            if (PyObject_SetAttr(flow, S_version, next) < 0) { Py_DECREF(next); goto done; }
+            if (set(flow, &F_version, next) < 0) { Py_DECREF(next); goto done; }
             PyObject *due_obj = NULL;
             double remaining;
-            if (get_double(flow, S_remaining_bits, &remaining) < 0) { Py_DECREF(next); goto done; }
+            if (get_double(flow, &F_remaining_bits, &remaining) < 0) { Py_DECREF(next); goto done; }
             if (st != Py_None) { /* TcpTransport.next_event */
                 double due = INFINITY, loss_in, budget, round_end;
-                if (!(phase = PyObject_GetAttr(st, S_phase)) || get_double(st, S_loss_in, &loss_in) < 0 ||
-                    get_double(st, S_budget, &budget) < 0 || get_double(st, S_round_end, &round_end) < 0) { Py_DECREF(next); goto done; }
+                if (!(phase = get(st, &F_phase)) || get_double(st, &F_loss_in, &loss_in) < 0 ||
+                    get_double(st, &F_budget, &budget) < 0 || get_double(st, &F_round_end, &round_end) < 0) { Py_DECREF(next); goto done; }
                 const int ss = is_phase(phase, S_ss);
                 const int ca_now = !ss && is_phase(phase, S_ca);
                 Py_CLEAR(phase);
@@ -625,7 +701,7 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                     }
                 }
                 int rounds = ss;
-                if (ca_now && (rounds = truthy_attr(st, S_limited)) < 0) { Py_DECREF(next); goto done; }
+                if (ca_now && (rounds = truthy_attr(st, &F_limited)) < 0) { Py_DECREF(next); goto done; }
                 if (rounds && round_end < due) due = round_end;
                 due_obj = PyFloat_FromDouble(due);
             } else if (remaining <= 0 || rate == INFINITY) {
@@ -634,7 +710,7 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
             } else {
                 due_obj = PyFloat_FromDouble(rate > 0 ? t + remaining / rate : INFINITY);
             }
-            if (!due_obj || PyObject_SetAttr(flow, S_done_at, due_obj) < 0) { Py_XDECREF(due_obj); Py_DECREF(next); goto done; }
+            if (!due_obj || set(flow, &F_done_at, due_obj) < 0) { Py_XDECREF(due_obj); Py_DECREF(next); goto done; }
             double due = PyFloat_AsDouble(due_obj);
             if (due < INFINITY) {
                 PyObject *event = PyTuple_Pack(3, fid, due_obj, next);
@@ -665,17 +741,17 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
             }
             if (ca) {
                 /* FlowModel._excess_of: the window beyond the flow's BDP waits at its bottleneck */
-                if (!(phase = PyObject_GetAttr(st, S_phase))) goto done;
+                if (!(phase = get(st, &F_phase))) goto done;
                 int still_ca = is_phase(phase, S_ca);
                 Py_CLEAR(phase);
-                int lim = truthy_attr(st, S_limited);
+                int lim = truthy_attr(st, &F_limited);
                 if (lim < 0) goto done;
-                PyObject *at = PyObject_GetAttr(flow, S_link_bottleneck);
+                PyObject *at = get(flow, &F_link_bottleneck);
                 if (!at) goto done;
                 if (still_ca && !lim && at != Py_None && flow_rate < INFINITY) {
                     double cwnd, seg_bits, rtt_base;
-                    if (!(conn = PyObject_GetAttr(st, S_conn)) || get_double(conn, S_cwnd, &cwnd) < 0 ||
-                        get_double(st, S_seg_bits, &seg_bits) < 0 || get_double(st, S_rtt_base, &rtt_base) < 0) { Py_DECREF(at); goto done; }
+                    if (!(conn = get(st, &F_conn)) || get_double(conn, &F_cwnd, &cwnd) < 0 ||
+                        get_double(st, &F_seg_bits, &seg_bits) < 0 || get_double(st, &F_rtt_base, &rtt_base) < 0) { Py_DECREF(at); goto done; }
                     Py_CLEAR(conn);
                     double bits = cwnd * seg_bits - flow_rate * rtt_base;
                     if (bits > 0) { /* _add_excess */
@@ -762,6 +838,8 @@ done:
 static PyMethodDef METHODS[] = {
     {"max_min_fill", max_min_fill, METH_VARARGS,
      "max_min_fill(paths, capacity, override=None) -> (rates, bottlenecks): max-min fair rates."},
+    {"bind_types", bind_types, METH_VARARGS,
+     "bind_types(Flow, TcpState, Connection): the classes whose slots rebalance reads in place."},
     {"rebalance", rebalance, METH_VARARGS,
      "rebalance(model, force=None) -> changed: FlowModel._rebalance_py's work on `model`, compiled."},
     {NULL, NULL, 0, NULL},

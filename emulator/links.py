@@ -15,13 +15,14 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from .transport import EPS_BITS, TcpState, TcpTransport
+from .transport import EPS_BITS, Connection, TcpState, TcpTransport
 
 try:
     from ._flowfill import max_min_fill as _compiled_fill
+    from ._flowfill import bind_types as _bind_types
     from ._flowfill import rebalance as _compiled_rebalance
 except ImportError:  # not built (no C compiler at install): the Python filling, same numbers
-    _compiled_fill = _compiled_rebalance = None
+    _compiled_fill = _compiled_rebalance = _bind_types = None
 
 INF = math.inf
 
@@ -140,7 +141,7 @@ def max_min_fill_py(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hasha
     return rates, bottleneck
 
 
-@dataclass
+@dataclass(slots=True)  # slots: emulator/_flowfill.c reads and writes them in place
 class Flow:
     path: tuple[Hashable, ...]
     remaining_bits: float
@@ -162,6 +163,10 @@ class Flow:
     @property
     def resent_bits(self) -> float:
         return self.tcp.resent_bits if self.tcp else 0.0
+
+
+if _bind_types is not None:
+    _bind_types(Flow, TcpState, Connection)
 
 
 @dataclass

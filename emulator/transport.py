@@ -121,7 +121,7 @@ def recovery_delay(rtt: float, segments_after: int) -> float:
 
 
 # ---- state ------------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)  # slots: emulator/_flowfill.c reads and writes them in place
 class Connection:
     cwnd: float
     ssthresh: float = INF
@@ -136,7 +136,7 @@ class Connection:
     waiting: deque = field(default_factory=deque)
 
 
-@dataclass
+@dataclass(slots=True)  # slots: emulator/_flowfill.c reads and writes them in place
 class TcpState:
     """The window state a flow carries while it sends (its connection holds what persists)."""
 

@@ -130,22 +130,39 @@ def test_a_tcp_round_arrives_at_the_same_times_with_either_filling(monkeypatch):
     assert len(arrivals["python"]) == 48 and all(float.fromhex(b) > float.fromhex(a) for a, b in arrivals["python"])
 
 
-@pytest.mark.parametrize("tcp", [True, False])
-def test_compiled_rebalance_gives_the_python_rebalances_times_and_state_bit_for_bit(monkeypatch, tcp):
+class _PropertyFlow(__import__("emulator.links").links.Flow):
+    """A Flow subclass whose rate is a property: the compiled rebalance must not read its slot."""
+
+    _rate_value = 0.0
+
+    @property
+    def rate(self):
+        return self._rate_value
+
+    @rate.setter
+    def rate(self, value):
+        self._rate_value = value
+
+
+@pytest.mark.parametrize("tcp,subclass", [(True, False), (False, False), (True, True)])
+def test_compiled_rebalance_gives_the_python_rebalances_times_and_state_bit_for_bit(monkeypatch, tcp, subclass):
     """emulator/_flowfill.c's `rebalance` writes out FlowModel._rebalance_py (sync, window caps, the
     filling, after_rates, next events, load, standing queues): on random workloads (stars behind a
     server link and a shared cell, windows, loss, queues, reused connections; tests/flow_scenarios.py)
-    every arrival is the same float, and so is every event the model handed out."""
+    every arrival is the same float, and so is every event the model handed out. It reads the slots
+    of Flow, TcpState and Connection in place, and a subclass's attributes through getattr."""
     from emulator import links as links_module
     from flow_scenarios import workload
 
     if links_module._compiled_rebalance is None:
         pytest.skip("emulator/_flowfill.c is not built here (no C compiler at install)")
-    for seed in range(40):
+    for seed in range(40 if not subclass else 10):
         seen = {}
         for name, rebalance in (("compiled", links_module._compiled_rebalance), ("python", None)):
             monkeypatch.setattr(links_module, "_compiled_rebalance", rebalance)
             model, transfers = workload(seed, tcp)
+            if subclass:
+                model.flow_class = _PropertyFlow
             events = []
             original = links_module.FlowModel._rebalance
 
