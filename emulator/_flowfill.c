@@ -310,16 +310,17 @@ done:
  * (FlowModel._schedule, TcpTransport.next_event), the links' load and the standing queues
  * (_excess_of, _add_excess, _link_queue). The same double operations in the same order, on the
  * same Python objects (read and written as attributes), so a run gives the same times to the last
- * bit with either. What stays in Python is called back: FlowModel._instant_bits (a flow on a path
- * without any finite link) and TcpTransport._next_growth_step (a window that starts to limit its
- * flow). links.py uses this only for FlowModel itself with TcpTransport itself (or no transport):
+ * bit with either. TcpTransport._next_growth_step for a window that starts to limit its flow is
+ * written out too (growth_step); FlowModel._instant_bits (a flow on a path without any finite link)
+ * stays in Python and is called back. links.py uses this only for FlowModel itself with TcpTransport itself (or no transport):
  * a subclass that overrides one of these hooks gets the Python version. */
 
 #define NAMES(X) X(flows) X(active) X(tcp) X(synced_t) X(rate) X(remaining_bits) X(budget) X(loss_in) \
     X(phase) X(path) X(conn) X(cwnd) X(seg_bits) X(rtt_base) X(window_key) X(window_path) X(t)          \
     X(transport) X(qdelay) X(excess) X(fill) X(capacity) X(unsettled) X(bottleneck) X(link_bottleneck)  \
     X(share) X(limited) X(epoch) X(origin) X(done_at) X(version) X(round_end) X(load) X(pinned) X(held) \
-    X(queue_s) X(_instant_bits) X(_next_growth_step) X(open) X(ss) X(ca)
+    X(queue_s) X(_instant_bits) X(_next_growth_step) X(open) X(ss) X(ca) X(p) X(initcwnd) X(rwnd_bytes)       \
+    X(growth_step) X(cubic_c) X(beta) X(queues) X(mss) X(w_max)
 #define DECLARE(name) static PyObject *S_##name;
 NAMES(DECLARE)
 #undef DECLARE
@@ -345,14 +346,15 @@ static PyTypeObject *BOUND[K_KINDS];
 #define FLOW_FIELDS(X) X(active) X(tcp) X(synced_t) X(rate) X(remaining_bits) X(path) X(bottleneck) \
     X(link_bottleneck) X(share) X(done_at) X(version)
 #define STATE_FIELDS(X) X(budget) X(loss_in) X(phase) X(conn) X(seg_bits) X(rtt_base) X(window_key) \
-    X(window_path) X(limited) X(round_end)
-#define CONN_FIELDS(X) X(cwnd) X(epoch) X(origin)
+    X(window_path) X(limited) X(round_end) X(queues) X(mss)
+#define CONN_FIELDS(X) X(cwnd) X(epoch) X(origin) X(w_max)
 #define FLOW_FIELD(name) static Field F_##name = {&S_##name, K_FLOW, -1};
 #define STATE_FIELD(name) static Field F_##name = {&S_##name, K_STATE, -1};
 #define CONN_FIELD(name) static Field F_##name = {&S_##name, K_CONN, -1};
 FLOW_FIELDS(FLOW_FIELD) STATE_FIELDS(STATE_FIELD) CONN_FIELDS(CONN_FIELD)
+static Field F_state_path = {&S_path, K_STATE, -1}; /* TcpState.path (Flow.path is F_path) */
 #define FIELD_ADDRESS(name) &F_##name,
-static Field *const FIELDS[] = {FLOW_FIELDS(FIELD_ADDRESS) STATE_FIELDS(FIELD_ADDRESS) CONN_FIELDS(FIELD_ADDRESS)};
+static Field *const FIELDS[] = {FLOW_FIELDS(FIELD_ADDRESS) STATE_FIELDS(FIELD_ADDRESS) CONN_FIELDS(FIELD_ADDRESS) &F_state_path};
 
 static inline PyObject **slot_of(PyObject *obj, const Field *f) {
     return (f->offset >= 0 && Py_TYPE(obj) == BOUND[f->kind]) ? (PyObject **)((char *)obj + f->offset) : NULL;
@@ -472,6 +474,82 @@ static int list_add(PyObject *entry, Py_ssize_t index, PyObject *by) {
     PyObject *sum = PyNumber_Add(PyList_GET_ITEM(entry, index), by);
     if (!sum) return -1;
     return PyList_SetItem(entry, index, sum);
+}
+
+/* transport.py's cubic_window, and Python's float ** 3 (the power of |x|, negated for x < 0) */
+static double cube(double x) { return x < 0.0 ? -pow(-x, 3.0) : pow(x, 3.0); }
+
+static double cubic_window(double t, double w_max, double origin, double rtt, double c, double beta) {
+    t = t > 0.0 ? t : 0.0;
+    double cubic;
+    if (origin < w_max) {
+        const double k = pow((w_max - origin) / c, 1.0 / 3.0);
+        cubic = w_max + c * cube(t - k);
+    } else {
+        cubic = origin + c * cube(t);
+    }
+    const double friendly = origin + 3.0 * (1.0 - beta) / (1.0 + beta) * (rtt > 0 ? t / rtt : 0.0);
+    return friendly > cubic ? friendly : cubic; /* max(cubic, friendly) */
+}
+
+static int param_double(PyObject *params, PyObject *name, double *out) {
+    PyObject *value = PyObject_GetAttr(params, name);
+    if (!value) return -1;
+    int r = as_double(value, out);
+    Py_DECREF(value);
+    return r;
+}
+
+/* TcpTransport._next_growth_step(st, now, mean=False) just after after_rates set the connection's
+   epoch to now (so the step starts from the window as it is): the same operations as transport.py,
+   for a TcpState and Connection of the bound classes whose queues are `model`'s (`qdelay` is its
+   queues as of the last rebalance). 1 done, 0 not applicable (the caller calls the Python), -1 error. */
+static int growth_step(PyObject *model, PyObject *transport, PyObject *qdelay, PyObject *st, PyObject *conn, double now) {
+    if (Py_TYPE(st) != BOUND[K_STATE] || Py_TYPE(conn) != BOUND[K_CONN]) return 0;
+    PyObject *queues = get(st, &F_queues);
+    if (!queues) return -1;
+    Py_DECREF(queues); /* compared, not used */
+    if (queues != model && queues != Py_None) return 0;
+    PyObject *params = PyObject_GetAttr(transport, S_p);
+    if (!params) return -1;
+    double initcwnd = 0, rwnd_bytes = 0, growth = 0, c = 0, beta = 0, mss, rtt_base, cwnd, epoch, w_max, origin;
+    const int r = param_double(params, S_initcwnd, &initcwnd) < 0 || param_double(params, S_rwnd_bytes, &rwnd_bytes) < 0 ||
+                  param_double(params, S_growth_step, &growth) < 0 || param_double(params, S_cubic_c, &c) < 0 ||
+                  param_double(params, S_beta, &beta) < 0 ? -1 : 0;
+    Py_DECREF(params);
+    if (r < 0 || get_double(st, &F_mss, &mss) < 0 || get_double(st, &F_rtt_base, &rtt_base) < 0 ||
+        get_double(conn, &F_cwnd, &cwnd) < 0 || get_double(conn, &F_epoch, &epoch) < 0 ||
+        get_double(conn, &F_w_max, &w_max) < 0 || get_double(conn, &F_origin, &origin) < 0) return -1;
+    const double ratio = rwnd_bytes / mss;
+    const double rwnd = ratio > initcwnd ? ratio : initcwnd; /* _rwnd: max(float(initcwnd), ratio) */
+    double queued = 0.0; /* TcpState.rtt: path_qdelay's sum, in its order */
+    if (queues != Py_None) {
+        PyObject *path = get(st, &F_state_path);
+        if (!path) return -1;
+        PyObject *seq = PySequence_Fast(path, "a flow's path must be a sequence");
+        Py_DECREF(path);
+        if (!seq) return -1;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+            double q;
+            int found = dict_double(qdelay, PySequence_Fast_GET_ITEM(seq, j), &q);
+            if (found < 0) { Py_DECREF(seq); return -1; }
+            queued += found ? q : 0.0;
+        }
+        Py_DECREF(seq);
+    }
+    const double rtt = rtt_base + queued;
+    if (now > epoch) return 0; /* not right after after_rates: the Python handles the general case */
+    const double start = cwnd;
+    double end = start;
+    long k = 0;
+    while (k < 64 && end < start * (1 + growth) && end < rwnd) {
+        k++;
+        const double w = cubic_window((now + (double)k * rtt) - epoch, w_max, origin, rtt, c, beta);
+        end = rwnd < w ? rwnd : w; /* min(window, rwnd) */
+    }
+    /* conn.cwnd = start (mean=False): the same value it holds */
+    if (set_double(st, &F_round_end, now + (double)(k > 1 ? k : 1) * rtt) < 0) return -1;
+    return 1;
 }
 
 static PyObject *rebalance(PyObject *module, PyObject *args) {
@@ -657,9 +735,13 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                 if (set(conn, &F_epoch, t_obj) < 0) goto done;
                 if (!(value = get(conn, &F_cwnd)) || set(conn, &F_origin, value) < 0) goto done;
                 Py_CLEAR(value);
+                int stepped = growth_step(model, transport, qdelay, st, conn, t);
                 Py_CLEAR(conn);
-                if (!(value = PyObject_CallMethodObjArgs(transport, S__next_growth_step, st, t_obj, Py_False, NULL))) goto done;
-                Py_CLEAR(value);
+                if (stepped < 0) goto done;
+                if (!stepped) { /* TcpTransport._next_growth_step in Python */
+                    if (!(value = PyObject_CallMethodObjArgs(transport, S__next_growth_step, st, t_obj, Py_False, NULL))) goto done;
+                    Py_CLEAR(value);
+                }
             }
         }
         double flow_rate, done_at;

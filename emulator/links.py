@@ -514,12 +514,12 @@ class FlowModel:
 def _hooks_are_ours(model_type: type, transport_type: type) -> bool:
     """Whether the compiled rebalance may stand in for `_rebalance_py`: it writes out these methods,
     so a subclass that overrides one of them must get the Python version."""
-    model_hooks = ("_schedule", "_excess_of", "_link_queue", "_instant_bits", "sync", "_rebalance_py")
+    model_hooks = ("_schedule", "_excess_of", "_link_queue", "_instant_bits", "sync", "_rebalance_py", "path_qdelay")
     if any(getattr(model_type, name) is not getattr(FlowModel, name) for name in model_hooks):
         return False
     if transport_type is type(None):
         return True
-    transport_hooks = ("after_rates", "next_event", "cap", "sent")
+    transport_hooks = ("after_rates", "next_event", "cap", "sent", "_next_growth_step", "window", "_rwnd")
     return issubclass(transport_type, TcpTransport) and all(
         getattr(transport_type, name) is getattr(TcpTransport, name) for name in transport_hooks)
 

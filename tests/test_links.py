@@ -197,6 +197,11 @@ def test_the_compiled_rebalance_stands_aside_for_overridden_hooks():
     assert links_module._hooks_are_ours(links_module.FlowModel, TcpTransport)
     assert links_module._hooks_are_ours(links_module.FlowModel, type(None))
     assert not links_module._hooks_are_ours(links_module.FlowModel, Slower)
+
+    class Growing(TcpTransport):
+        def _next_growth_step(self, st, now, mean=True):
+            super()._next_growth_step(st, now, mean)
+    assert not links_module._hooks_are_ours(links_module.FlowModel, Growing)
     assert not links_module._hooks_are_ours(Scheduled, TcpTransport)
     model = links_module.FlowModel({"l": 8e6}, transport=Slower())
     changed = model.add("f", 8e6, ("l",), connection="c", rtt=0.1)
