@@ -312,8 +312,8 @@ done:
  * same Python objects (read and written as attributes), so a run gives the same times to the last
  * bit with either. TcpTransport._next_growth_step for a window that starts to limit its flow is
  * written out too (growth_step); FlowModel._instant_bits (a flow on a path without any finite link)
- * stays in Python and is called back. links.py uses this only for FlowModel itself with TcpTransport itself (or no transport):
- * a subclass that overrides one of these hooks gets the Python version. */
+ * stays in Python and is called back. links.py uses this only while none of the methods it writes
+ * out is overridden (links._hooks_are_ours): a subclass that overrides one gets the Python version. */
 
 #define NAMES(X) X(flows) X(active) X(tcp) X(synced_t) X(rate) X(remaining_bits) X(budget) X(loss_in) \
     X(phase) X(path) X(conn) X(cwnd) X(seg_bits) X(rtt_base) X(window_key) X(window_path) X(t)          \
@@ -381,6 +381,13 @@ static int set(PyObject *obj, const Field *f, PyObject *value) {
     return 0;
 }
 
+static int as_double(PyObject *value, double *out) {
+    double v = PyFloat_CheckExact(value) ? PyFloat_AS_DOUBLE(value) : PyFloat_AsDouble(value);
+    if (v == -1.0 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
 static int get_double(PyObject *obj, const Field *f, double *out) {
     PyObject **slot = slot_of(obj, f);
     if (slot && *slot && PyFloat_CheckExact(*slot)) {
@@ -389,11 +396,9 @@ static int get_double(PyObject *obj, const Field *f, double *out) {
     }
     PyObject *value = get(obj, f);
     if (!value) return -1;
-    double v = PyFloat_AsDouble(value);
+    int r = as_double(value, out);
     Py_DECREF(value);
-    if (v == -1.0 && PyErr_Occurred()) return -1;
-    *out = v;
-    return 0;
+    return r;
 }
 
 static int set_double(PyObject *obj, const Field *f, double v) {
@@ -426,13 +431,6 @@ static PyObject *bind_types(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static int as_double(PyObject *value, double *out) {
-    double v = PyFloat_CheckExact(value) ? PyFloat_AS_DOUBLE(value) : PyFloat_AsDouble(value);
-    if (v == -1.0 && PyErr_Occurred()) return -1;
-    *out = v;
-    return 0;
-}
-
 /* map.get(key, default) as a double: 1 found, 0 absent, -1 error */
 static int dict_double(PyObject *map, PyObject *key, double *out) {
     PyObject *value;
@@ -460,13 +458,29 @@ static int truthy_attr(PyObject *obj, const Field *f) {
     return r;
 }
 
-/* the flow's path as a fast sequence (a new reference) */
-static PyObject *path_of(PyObject *flow) {
-    PyObject *path = get(flow, &F_path);
+/* a path (Flow.path, or TcpState.path with F_state_path) as a fast sequence (a new reference) */
+static PyObject *path_of(PyObject *obj, const Field *f) {
+    PyObject *path = get(obj, f);
     if (!path) return NULL;
     PyObject *seq = PySequence_Fast(path, "a flow's path must be a sequence");
     Py_DECREF(path);
     return seq;
+}
+
+/* FlowModel.path_qdelay: the queues' delays along the path, summed in its order */
+static int path_qdelay(PyObject *qdelay, PyObject *obj, const Field *f, double *out) {
+    PyObject *seq = path_of(obj, f);
+    if (!seq) return -1;
+    double total = 0.0;
+    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+        double q;
+        int found = dict_double(qdelay, PySequence_Fast_GET_ITEM(seq, j), &q);
+        if (found < 0) { Py_DECREF(seq); return -1; }
+        total += found ? q : 0.0;
+    }
+    Py_DECREF(seq);
+    *out = total;
+    return 0;
 }
 
 /* entry[index] += by (the held list [bits, count] of _add_excess) */
@@ -506,39 +520,28 @@ static int param_double(PyObject *params, PyObject *name, double *out) {
    queues as of the last rebalance). 1 done, 0 not applicable (the caller calls the Python), -1 error. */
 static int growth_step(PyObject *model, PyObject *transport, PyObject *qdelay, PyObject *st, PyObject *conn, double now) {
     if (Py_TYPE(st) != BOUND[K_STATE] || Py_TYPE(conn) != BOUND[K_CONN]) return 0;
+    double epoch;
+    if (get_double(conn, &F_epoch, &epoch) < 0) return -1;
+    if (now > epoch) return 0; /* not right after after_rates: the Python handles the general case */
     PyObject *queues = get(st, &F_queues);
     if (!queues) return -1;
     Py_DECREF(queues); /* compared, not used */
     if (queues != model && queues != Py_None) return 0;
     PyObject *params = PyObject_GetAttr(transport, S_p);
     if (!params) return -1;
-    double initcwnd = 0, rwnd_bytes = 0, growth = 0, c = 0, beta = 0, mss, rtt_base, cwnd, epoch, w_max, origin;
+    double initcwnd = 0, rwnd_bytes = 0, growth = 0, c = 0, beta = 0, mss, rtt_base, cwnd, w_max, origin;
     const int r = param_double(params, S_initcwnd, &initcwnd) < 0 || param_double(params, S_rwnd_bytes, &rwnd_bytes) < 0 ||
                   param_double(params, S_growth_step, &growth) < 0 || param_double(params, S_cubic_c, &c) < 0 ||
                   param_double(params, S_beta, &beta) < 0 ? -1 : 0;
     Py_DECREF(params);
     if (r < 0 || get_double(st, &F_mss, &mss) < 0 || get_double(st, &F_rtt_base, &rtt_base) < 0 ||
-        get_double(conn, &F_cwnd, &cwnd) < 0 || get_double(conn, &F_epoch, &epoch) < 0 ||
-        get_double(conn, &F_w_max, &w_max) < 0 || get_double(conn, &F_origin, &origin) < 0) return -1;
+        get_double(conn, &F_cwnd, &cwnd) < 0 || get_double(conn, &F_w_max, &w_max) < 0 ||
+        get_double(conn, &F_origin, &origin) < 0) return -1;
     const double ratio = rwnd_bytes / mss;
     const double rwnd = ratio > initcwnd ? ratio : initcwnd; /* _rwnd: max(float(initcwnd), ratio) */
-    double queued = 0.0; /* TcpState.rtt: path_qdelay's sum, in its order */
-    if (queues != Py_None) {
-        PyObject *path = get(st, &F_state_path);
-        if (!path) return -1;
-        PyObject *seq = PySequence_Fast(path, "a flow's path must be a sequence");
-        Py_DECREF(path);
-        if (!seq) return -1;
-        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
-            double q;
-            int found = dict_double(qdelay, PySequence_Fast_GET_ITEM(seq, j), &q);
-            if (found < 0) { Py_DECREF(seq); return -1; }
-            queued += found ? q : 0.0;
-        }
-        Py_DECREF(seq);
-    }
+    double queued = 0.0; /* TcpState.rtt */
+    if (queues != Py_None && path_qdelay(qdelay, st, &F_state_path, &queued) < 0) return -1;
     const double rtt = rtt_base + queued;
-    if (now > epoch) return 0; /* not right after after_rates: the Python handles the general case */
     const double start = cwnd;
     double end = start;
     long k = 0;
@@ -626,17 +629,7 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                     /* TcpTransport.cap: W over the RTT (path_qdelay's sum, in its order) less the
                        flow's own standing queue (own_qdelay) */
                     double queued = 0.0, own = 0.0, cwnd, seg_bits, rtt_base;
-                    if (queued_any) {
-                        PyObject *seq = path_of(flow);
-                        if (!seq) goto done;
-                        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
-                            double q;
-                            int found = dict_double(qdelay, PySequence_Fast_GET_ITEM(seq, j), &q);
-                            if (found < 0) { Py_DECREF(seq); goto done; }
-                            queued += found ? q : 0.0;
-                        }
-                        Py_DECREF(seq);
-                    }
+                    if (queued_any && path_qdelay(qdelay, flow, &F_path, &queued) < 0) goto done;
                     PyObject *part = PyDict_Check(standing) ? PyDict_GetItemWithError(standing, fid) : NULL;
                     if (!part && PyErr_Occurred()) goto done;
                     if (part && (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 2)) {
@@ -806,7 +799,7 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
         if (tcp) {
             if (link != Py_None && !limited && PySet_Add(pinned, link) < 0) goto done;
             if (rate < INFINITY) {
-                PyObject *seq = path_of(flow);
+                PyObject *seq = path_of(flow, &F_path);
                 if (!seq) goto done;
                 for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
                     PyObject *on = PySequence_Fast_GET_ITEM(seq, j);
