@@ -2,13 +2,15 @@
  *
  * The bytes and values are exactly those of protocol/codecs/dense.py's numpy path (the fallback
  * when this module is not built): the same float operations in the same order (built with
- * -ffp-contract=off, never -ffast-math), the same counter-based dither, the same LSB-first bit
- * stream as protocol/bitpack.py. tests/test_kernels.py compares the two byte for byte.
+ * -ffp-contract=off, never -ffast-math; fmaf only where dense.py computes the same exact value
+ * in float64), the same counter-based dither, and protocol/bitpack.py's pack_lanes layout.
+ * tests/test_kernels.py compares the two byte for byte.
  *
- * Codes are packed in records of 8 values, which are exactly `bits` bytes; with `bits` a
- * compile-time constant in each specialisation the record is straight-line shifts and masks.
- * Needs a compiler with unsigned __int128 (GCC, Clang on 64-bit); elsewhere the build of this
- * optional module fails and the numpy path is used. */
+ * Every step is written so that it vectorises 8 float32 or int32 lanes to an AVX2 register:
+ * b <= 16 quantizes in float32, b > 16 in float32 pairs (the exact product; no float64, whose
+ * vectors are half as wide), and codes are packed in blocks of 8 interleaved lanes. Needs GCC's or
+ * Clang's vector extension; elsewhere the build of this optional module fails and the numpy path
+ * is used. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -19,12 +21,11 @@
 #error "the bit stream is assembled in little-endian words"
 #endif
 
-#define CHUNK 4096 /* values quantized into a local buffer before packing: stays in L1 */
+#define CHUNK 4096 /* values quantized into a local buffer before packing: stays in L1; whole blocks */
 
 
-/* The hot loops are built twice on x86-64 (AVX2 and the baseline) and the loader picks one: the
-   same operations, only wider, so the bytes do not depend on the machine. AVX-512 (x86-64-v4)
-   also converts doubles to integers in vectors, which the b > 16 path needs. */
+/* The hot loops are built for x86-64-v4 (AVX-512), AVX2 and the baseline, and the loader picks one:
+   the same operations, only wider, so the bytes do not depend on the machine. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define HOT __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -32,19 +33,18 @@
 #else
 #define HOT
 #endif
+/* The same with FMA (x86-64-v3 is AVX2 + FMA): where fmaf is an instruction, not libm's call */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define HOT_FMA __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define HOT_FMA HOT
+#endif
 
 /* Round half to even for 0 <= y < 2^23 (float) or 2^52 (double), as rint in the default mode:
    adding the magic constant leaves no fraction bits. Negative y (a rounding below 0) gives at
    most -0.5, which the clip that follows turns into 0, as it does rint's -0. */
 static inline float rint_pos_f(float y) { return (y + 0x1p23f) - 0x1p23f; }
 static inline double rint_pos_d(double y) { return (y + 0x1p52) - 0x1p52; }
-
-static inline double u32_to_d(uint32_t c) { /* exact, and vectorises */
-    const uint64_t bits = 0x4330000000000000ULL | (uint64_t)c;
-    double d;
-    memcpy(&d, &bits, 8);
-    return d - 0x1p52;
-}
 
 /* An integral 0 <= f < 2^32 as uint32: f + 2^52 is exact and its low 32 mantissa bits are f. Plain
    integer ops, so it vectorises without AVX-512 (which alone converts doubles to 64-bit integers). */
@@ -61,101 +61,53 @@ static inline uint32_t mix32(uint32_t x) { /* lowbias32 (C. Wellons): a bijectiv
 }
 
 /* ---- packing: one function per bit-length ------------------------------------------------ */
-/* Codes are held in the narrowest word that fits them (8 bits for b <= 8, 16 for b <= 16, else 32),
-   so a record of 8 codes is one, two or four 64-bit words. Packing squeezes each word's fields
-   together by halves (SWAR: pairs of fields, then pairs of pairs), a few shifts and masks per
-   word instead of one shift and OR per code; unpacking spreads them back the same way. A record
-   is B bytes; it is stored (and read) as whole 8-, 16- or 32-byte words reaching into the records
-   after it (which are written later), except where fewer bytes than that follow it in the range:
-   there exactly, so nothing outside the range is touched. */
-typedef unsigned __int128 u128;
-#define LOW(n) ((n) >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << (n)) - 1))
+/* Whole blocks of 256 values are 8 interleaved 32-bit lanes (protocol/bitpack.py's pack_lanes):
+   value 8k + l is the k-th of lane l's 32 values, which form an LSB-first stream of b 32-bit words,
+   and the lane's word w is the block's word 8w + l. So every step is one operation on 8 lanes, an
+   AVX2 instruction, with its shift a constant in each specialisation: a vector of 8 codes costs a
+   shift and an OR to pack (a shift, an OR and a mask to unpack). A block is 32*b bytes, so the
+   size stays ceil(n*b/8). The values after the last whole block are one plain LSB-first stream. */
+#define LANES 8
+#define BLOCK (LANES * 32)
 
-/* SQUEEZE: in each pair of lanes (a 2*lane-bit field) whose halves hold f-bit values (2f <= the
-   pair), the upper value moves down to sit right above the lower one. SPREAD undoes it. */
-#define SQUEEZE(v, lane, f) (((v) & REP_##lane(LOW(lane))) | (((v) & ~REP_##lane(LOW(lane))) >> (((lane) - (f)) & 63)))
-#define SPREAD(v, lane, f) (((v) & REP_##lane(LOW(f))) | (((v) << (((lane) - (f)) & 63)) & (REP_##lane(LOW(f)) << (lane))))
-#define REP_8(m) ((uint64_t)(m) * 0x0001000100010001ULL)
-#define REP_16(m) ((uint64_t)(m) * 0x0000000100000001ULL)
-#define REP_32(m) ((uint64_t)(m))
+/* 8 lanes of 32 bits (GCC's and Clang's vector extension: one AVX2 register, two SSE2 ones) */
+typedef uint32_t lanes_u32 __attribute__((vector_size(32)));
+#define LOAD_LANES(v, p) memcpy(&(v), (p), sizeof(lanes_u32)) /* macros: a function returning a vector has an ABI per ISA */
+#define STORE_LANES(p, v) memcpy((p), &(v), sizeof(lanes_u32))
 
-/* two copies of constant length, not one of a chosen length (which is a call to memcpy) */
-#define STORE(o, w, n_exact, n_word, exact) do { if (exact) memcpy((o), (w), (n_exact)); else memcpy((o), (w), (n_word)); } while (0)
-
-static inline uint64_t load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static inline void store64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-
-/* Each packer first squeezes the codes' 64-bit words in place (a loop over words that vectorises),
-   then joins each record's words into its B bytes; each unpacker splits the bytes into words,
-   then spreads them in place. */
 #define DEFINE_PACKERS(B)                                                          \
-    HOT static void pack_##B(uint8_t *c, size_t records, uint8_t *o) {            \
-        if ((B) == 8 || (B) == 16 || (B) == 32) { /* the codes' words are the stream */ \
-            memcpy(o, c, (size_t)(B) * records);                                   \
-            return;                                                                \
-        }                                                                          \
-        const size_t words = records * ((B) < 8 ? 1 : (B) < 16 ? 2 : 4);           \
-        for (size_t t = 0; t < words; t++) {                                       \
-            uint64_t v = load64(c + 8 * t);                                        \
-            if ((B) < 8) v = SQUEEZE(SQUEEZE(SQUEEZE(v, 8, (B)), 16, 2 * (B)), 32, 4 * (B)); \
-            else if ((B) < 16) v = SQUEEZE(SQUEEZE(v, 16, (B)), 32, 2 * (B));      \
-            else v = SQUEEZE(v, 32, (B));                                          \
-            store64(c + 8 * t, v);                                                 \
-        }                                                                          \
-        for (size_t r = 0; r < records; r++) {                                     \
-            const size_t after = (size_t)(B) * (records - 1 - r); /* bytes of the range after it */ \
-            uint8_t *out = o + (size_t)(B) * r;                                    \
-            if ((B) < 8) {                                                         \
-                const uint64_t v = load64(c + 8 * r);                              \
-                STORE(out, &v, (B), 8, after + (B) < 8);                           \
-            } else if ((B) < 16) {                                                 \
-                const u128 rec = (u128)load64(c + 16 * r) | ((u128)load64(c + 16 * r + 8) << ((4 * (B)) & 127)); \
-                STORE(out, &rec, (B), 16, after + (B) < 16);                       \
-            } else { /* two halves of two pairs (4B bits each); an odd B's halves share a byte */ \
-                const u128 q0 = (u128)load64(c + 32 * r) | ((u128)load64(c + 32 * r + 8) << ((2 * (B)) & 127)); \
-                const u128 q1 = (u128)load64(c + 32 * r + 16) | ((u128)load64(c + 32 * r + 24) << ((2 * (B)) & 127)); \
-                const u128 second = ((B) & 1) ? (q0 >> ((4 * (B) - 4) & 127)) | (q1 << 4) : q1; \
-                STORE(out, &q0, (size_t)(B) / 2, 16, after < 16);                  \
-                STORE(out + (B) / 2, &second, (size_t)((B) + 1) / 2, 16, after < 16); \
+    HOT static void pack_##B(const uint32_t *c, size_t blocks, uint8_t *o) {      \
+        for (size_t g = 0; g < blocks; g++, c += BLOCK, o += 32 * (B)) {           \
+            lanes_u32 acc = {0};                                                   \
+            _Pragma("GCC unroll 32")                                               \
+            for (int k = 0; k < 32; k++) {                                         \
+                const int sh = (k * (B)) & 31, w = (k * (B)) >> 5;                 \
+                lanes_u32 v;                                                       \
+                LOAD_LANES(v, c + LANES * k);                                      \
+                acc |= v << sh;                                                    \
+                if (sh + (B) >= 32) { /* the word is full: store it, keep the overflow */ \
+                    STORE_LANES(o + 32 * w, acc);                                  \
+                    acc = sh + (B) > 32 ? v >> ((32 - sh) & 31) : (lanes_u32){0};  \
+                }                                                                  \
             }                                                                      \
         }                                                                          \
     }                                                                              \
-    HOT static void unpack_##B(const uint8_t *in, size_t records, uint8_t *c) {   \
-        if ((B) == 8 || (B) == 16 || (B) == 32) {                                  \
-            memcpy(c, in, (size_t)(B) * records);                                  \
-            return;                                                                \
-        }                                                                          \
-        for (size_t r = 0; r < records; r++) {                                     \
-            const size_t after = (size_t)(B) * (records - 1 - r);                  \
-            const uint8_t *rec = in + (size_t)(B) * r;                             \
-            if ((B) < 8) {                                                         \
-                uint64_t w = 0;                                                    \
-                STORE(&w, rec, (B), 8, after + (B) < 8);                           \
-                store64(c + 8 * r, w & LOW(8 * (B)));                              \
-            } else if ((B) < 16) {                                                 \
-                u128 w = 0;                                                        \
-                STORE(&w, rec, (B), 16, after + (B) < 16);                         \
-                store64(c + 16 * r, (uint64_t)w & LOW(4 * (B)));                   \
-                store64(c + 16 * r + 8, (uint64_t)(w >> ((4 * (B)) & 127)) & LOW(4 * (B))); \
-            } else {                                                               \
-                u128 q0 = 0, q1 = 0;                                               \
-                STORE(&q0, rec, (size_t)(B) / 2 + ((B) & 1), 16, after < 16);      \
-                STORE(&q1, rec + (B) / 2, (size_t)((B) + 1) / 2, 16, after < 16);  \
-                if ((B) & 1) q1 >>= 4;                                             \
-                const uint64_t pair = LOW(2 * (B));                                \
-                store64(c + 32 * r, (uint64_t)q0 & pair);                          \
-                store64(c + 32 * r + 8, (uint64_t)(q0 >> ((2 * (B)) & 127)) & pair); \
-                store64(c + 32 * r + 16, (uint64_t)q1 & pair);                     \
-                store64(c + 32 * r + 24, (uint64_t)(q1 >> ((2 * (B)) & 127)) & pair); \
+    HOT static void unpack_##B(const uint8_t *in, size_t blocks, uint32_t *c) {   \
+        const uint32_t mask = (B) == 32 ? 0xffffffffu : (1u << ((B) & 31)) - 1u;   \
+        for (size_t g = 0; g < blocks; g++, c += BLOCK, in += 32 * (B)) {          \
+            _Pragma("GCC unroll 32")                                               \
+            for (int k = 0; k < 32; k++) {                                         \
+                const int sh = (k * (B)) & 31, w = (k * (B)) >> 5;                 \
+                lanes_u32 v, next;                                                 \
+                LOAD_LANES(v, in + 32 * w);                                        \
+                v >>= sh;                                                          \
+                if (sh + (B) > 32) {                                               \
+                    LOAD_LANES(next, in + 32 * (w + 1));                           \
+                    v |= next << ((32 - sh) & 31);                                 \
+                }                                                                  \
+                v &= mask;                                                         \
+                STORE_LANES(c + LANES * k, v);                                     \
             }                                                                      \
-        }                                                                          \
-        const size_t words = records * ((B) < 8 ? 1 : (B) < 16 ? 2 : 4);           \
-        for (size_t t = 0; t < words; t++) {                                       \
-            uint64_t v = load64(c + 8 * t);                                        \
-            if ((B) < 8) v = SPREAD(SPREAD(SPREAD(v, 32, 4 * (B)), 16, 2 * (B)), 8, (B)); \
-            else if ((B) < 16) v = SPREAD(SPREAD(v, 32, 2 * (B)), 16, (B));        \
-            else v = SPREAD(v, 32, (B));                                           \
-            store64(c + 8 * t, v);                                                 \
         }                                                                          \
     }
 
@@ -167,8 +119,8 @@ DEFINE_PACKERS(22) DEFINE_PACKERS(23) DEFINE_PACKERS(24) DEFINE_PACKERS(25) DEFI
 DEFINE_PACKERS(27) DEFINE_PACKERS(28) DEFINE_PACKERS(29) DEFINE_PACKERS(30) DEFINE_PACKERS(31)
 DEFINE_PACKERS(32)
 
-typedef void (*pack_fn)(uint8_t *, size_t, uint8_t *);
-typedef void (*unpack_fn)(const uint8_t *, size_t, uint8_t *);
+typedef void (*pack_fn)(const uint32_t *, size_t, uint8_t *);
+typedef void (*unpack_fn)(const uint8_t *, size_t, uint32_t *);
 #define P(B) pack_##B
 #define U(B) unpack_##B
 static const pack_fn PACKERS[33] = {0, 0, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12),
@@ -178,17 +130,39 @@ static const unpack_fn UNPACKERS[33] = {0, 0, U(2), U(3), U(4), U(5), U(6), U(7)
     U(13), U(14), U(15), U(16), U(17), U(18), U(19), U(20), U(21), U(22), U(23), U(24), U(25), U(26), U(27),
     U(28), U(29), U(30), U(31), U(32)};
 
-static inline size_t code_width(int bits) { return bits <= 8 ? 1 : bits <= 16 ? 2 : 4; }
+/* The last, partial block (fewer than 256 values) as a plain LSB-first stream, exactly its bytes. */
+static void pack_tail(const uint32_t *c, size_t count, int bits, uint8_t *o) {
+    uint64_t acc = 0;
+    int held = 0;
+    for (size_t i = 0; i < count; i++) {
+        acc |= (uint64_t)c[i] << held;
+        held += bits;
+        for (; held >= 8; held -= 8, acc >>= 8) *o++ = (uint8_t)acc;
+    }
+    if (held > 0) *o = (uint8_t)acc;
+}
+
+static void unpack_tail(const uint8_t *in, size_t count, int bits, uint32_t *c) {
+    const uint64_t mask = ((uint64_t)1 << bits) - 1;
+    uint64_t acc = 0;
+    int held = 0;
+    for (size_t i = 0; i < count; i++) {
+        for (; held < bits; held += 8) acc |= (uint64_t)*in++ << held; /* only the bytes the values use */
+        c[i] = (uint32_t)(acc & mask);
+        acc >>= bits;
+        held -= bits;
+    }
+}
 
 /* The chunk's codes live in a local buffer. Where its address is (nearly) that of the data it is
    read from or written beside modulo 4 KiB, the CPU takes each load for one of the stores in
    flight (4K aliasing), which made the same kernel up to 1.4x slower on some arrays than on
    others. So the codes start half a page away from `ref` (the input or the output array). */
 #define CODE_BUFFER (CHUNK * 4 + 4096 + 64)
-typedef union { uint8_t u8[CODE_BUFFER]; uint16_t u16[CODE_BUFFER / 2]; uint32_t u32[CODE_BUFFER / 4]; } code_buffer;
+typedef union { uint8_t u8[CODE_BUFFER]; uint32_t u32[CODE_BUFFER / 4]; } code_buffer;
 
-static inline size_t away_from(const code_buffer *buf, const void *ref) {
-    return (((uintptr_t)ref + 2048 - (uintptr_t)buf->u8) & 4095) & ~(size_t)63; /* bytes; 64-aligned */
+static inline uint32_t *away_from(code_buffer *buf, const void *ref) {
+    return buf->u32 + ((((uintptr_t)ref + 2048 - (uintptr_t)buf->u8) & 4095) & ~(size_t)63) / 4; /* 64-aligned */
 }
 
 /* ---- quantization of values [start, end) into codes -------------------------------------- */
@@ -221,8 +195,7 @@ static inline size_t away_from(const code_buffer *buf, const void *ref) {
             i = stop;                                                              \
         }                                                                          \
     }
-DEFINE_QUANTIZE_F32(uint8_t)
-DEFINE_QUANTIZE_F32(uint16_t)
+DEFINE_QUANTIZE_F32(uint32_t)
 
 HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t slice_len, const double *s,
                              double qmax, int stochastic, uint32_t key, uint32_t *codes) {
@@ -251,22 +224,85 @@ HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t sl
     }
 }
 
-#define DEFINE_DEQUANT_F32(T)                                                      \
-    HOT static void dequant_f32_##T(const T *c, size_t m, float q, float sk, float *out) { \
-        for (size_t t = 0; t < m; t++) out[t] = ((float)(int32_t)c[t] - q) * sk; /* codes < 2^24: exact */ \
+/* Stochastic rounding for b > 16 in float32 lanes (8 to an AVX2 vector, against float64's 4), with
+   the product taken exactly. Values are first clamped to +-1.5 qmax/s, past which every code is
+   saturated anyway, so that nothing below converts out of range. The float64 s is split into
+   s_hi + s_lo (float32 each); x*s_hi = p + e exactly (fmaf: the error-free product); r = rint(p)
+   and f = p - r are exact; t = (f + e) + x*s_lo is rounded once, at |t| <= 2^(b-24) + 1. The code
+   is r + floor(t + u) + qmax, added in integers, so nothing as large as the code is ever rounded:
+   t + u is, to 2^-23 of a step for b <= 25 (2^(b-48) beyond), where float64's x*s + qmax + u was
+   rounded to 2^(b-52) of a step. For b <= 31, |r| <= 1.5 qmax (1 + 2^-23) < 2^31 and
+   |floor(t + u)| <= 2^(b-24) + 2, so both convert and add in int32. At b = 32 r passes 2^31: where
+   |r| >= 2^24 it is even and converts as 2 * (r/2), the sum wraps modulo 2^32, and the clamp is
+   decided in float, where r -+ 2^31 is exact wherever the sum can reach -+qmax.
+   dense.py's _codes_pair is the same in numpy (in int64). */
+#define DEFINE_QUANTIZE_PAIR(NAME, WIDE)                                          \
+    HOT_FMA static void NAME(const float *x, size_t start, size_t end, size_t slice_len, const double *s, \
+                             int32_t qmax, uint32_t key, uint32_t *codes) {       \
+        size_t i = start;                                                          \
+        while (i < end) {                                                          \
+            const size_t k = i / slice_len;                                        \
+            const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end; \
+            const float hi = (float)s[k];                                          \
+            const float lo = (float)(s[k] - (double)hi);                           \
+            const float lim = (float)(1.5 * (double)qmax / s[k]);                  \
+            uint32_t *c = codes + (i - start);                                     \
+            const float *xi = x + i;                                               \
+            const uint32_t m = (uint32_t)(stop - i);                               \
+            const uint32_t base = (uint32_t)i + key;                               \
+            for (uint32_t t = 0; t < m; t++) {                                     \
+                float v = xi[t] < lim ? xi[t] : lim; /* minps, maxps: a NaN becomes lim */ \
+                v = v > -lim ? v : -lim;                                           \
+                const float p = v * hi;                                            \
+                const float e = fmaf(v, hi, -p);                                   \
+                const float r = rintf(p);                                          \
+                const float f = ((p - r) + e) + v * lo;                            \
+                const float u = (float)(int32_t)(mix32(base + t) >> 8) * 0x1p-24f; \
+                const float step = floorf(f + u);                                  \
+                if (!(WIDE)) {                                                     \
+                    int32_t q = (int32_t)r + (int32_t)step;                        \
+                    q = q > -qmax ? q : -qmax;                                     \
+                    q = q < qmax ? q : qmax;                                       \
+                    c[t] = (uint32_t)(q + qmax);                                   \
+                } else {                                                           \
+                    /* |r| < 2^24 converts as it is; beyond, r is even and r/2 converts */ \
+                    const uint32_t ri = fabsf(r) < 0x1p24f ? (uint32_t)(int32_t)r : 2u * (uint32_t)(int32_t)(r * 0.5f); \
+                    uint32_t code = ri + (uint32_t)(int32_t)step + (uint32_t)qmax; /* modulo 2^32 */ \
+                    /* the clamp, in float: r -+ 2^31 is exact wherever the sum can reach -+qmax */ \
+                    code = (r - 0x1p31f) + step >= -1.0f ? 0xfffffffeu : code; /* r + step >= qmax */ \
+                    code = (r + 0x1p31f) + step <= 1.0f ? 0u : code;           /* r + step <= -qmax */ \
+                    c[t] = code;                                                   \
+                }                                                                  \
+            }                                                                      \
+            i = stop;                                                              \
+        }                                                                          \
     }
-DEFINE_DEQUANT_F32(uint8_t)
-DEFINE_DEQUANT_F32(uint16_t)
-/* For b <= 24 too: codes below 2^24 and c - q are exact in float32, and the float32 product of
-   c - q and the scale is their exact product (48 bits in double) rounded once, as in dense.py's
-   float64 path, so the values are the same bit for bit at half the vector width's cost. */
-DEFINE_DEQUANT_F32(uint32_t)
+DEFINE_QUANTIZE_PAIR(quantize_pair, 0)
+DEFINE_QUANTIZE_PAIR(quantize_pair_32, 1)
 
-HOT static void dequant_f64(const uint32_t *c, size_t m, double q, double sk, float *out) {
-    if (q < 0x1p30) /* b < 32: codes below 2^31 convert as signed, one instruction */
-        for (size_t t = 0; t < m; t++) out[t] = (float)(((double)(int32_t)c[t] - q) * sk);
-    else
-        for (size_t t = 0; t < m; t++) out[t] = (float)((u32_to_d(c[t]) - q) * sk);
+/* c - qmax is taken in integers: it fits int32 for every b (at b = 32 the uint32 difference wraps
+   to the right signed value), so one integer subtraction replaces a float one per vector. */
+/* b <= 24: c - qmax is below 2^24, exact in float32, and the float32 product of it and the scale is
+   their exact product (48 bits in double) rounded once, as in dense.py's float64 path: the same
+   values bit for bit at half the vector width's cost. */
+HOT static void dequant_f32(const uint32_t *c, size_t m, uint32_t q, float sk, float *out) {
+    for (size_t t = 0; t < m; t++) out[t] = (float)(int32_t)(c[t] - q) * sk;
+}
+
+/* b > 24: c - qmax passes 2^24, beyond float32, so it splits exactly into d_hi (its bits above the
+   low 8: at most 24 significant, a float32 as it is) and d_lo (the low 8 bits). Then
+   d*s = p + e + d_lo*s, with p = d_hi*s rounded and e its exact error (fmaf); d_lo*s + e is rounded
+   once (fmaf) and added to p. Where float64 took (d*s) in 4 lanes and two conversions a vector, this
+   is float32's 8 lanes; the value is the exact product's float32 rounding but where that product
+   lies within a hair of a halfway point (tests/test_kernels.py counts and bounds the difference
+   from the float64 product's rounding). dense.py's dequantize is the same in numpy. */
+HOT_FMA static void dequant_split(const uint32_t *c, size_t m, uint32_t q, float sk, float *out) {
+    for (size_t t = 0; t < m; t++) {
+        const int32_t d = (int32_t)(c[t] - q);
+        const float hi = (float)(d & ~(int32_t)0xff), lo = (float)(d & 0xff);
+        const float p = hi * sk;
+        out[t] = p + fmaf(lo, sk, fmaf(hi, sk, -p));
+    }
 }
 
 /* max |x| per slice as the bit pattern of a non-negative float, whose integer order is the
@@ -280,27 +316,39 @@ HOT static uint32_t absmax_bits(const uint32_t *bits, size_t m) {
     return top;
 }
 
-/* absmax(x: f32 buffer, out: f32 buffer with one entry per slice) */
-static PyObject *absmax(PyObject *self, PyObject *args) {
-    Py_buffer xb, ob;
-    if (!PyArg_ParseTuple(args, "y*w*", &xb, &ob)) return NULL;
+/* scaling(x: f32 buffer, bits, s: f32 (b <= 16) or f64 buffer per slice, scales: f32 buffer per
+   slice) -> bool: dense.py's _scaling in one call, where a tensor's handful of numpy calls cost more
+   than its pass over the values: alpha = max|x| + 2^-52 in float64 per slice, s = qmax/alpha (in
+   float32 for b <= 16) and the float32 scale alpha/qmax sent. False where an alpha is not finite. */
+static PyObject *scaling(PyObject *self, PyObject *args) {
+    Py_buffer xb, sb, cb;
+    int bits;
+    if (!PyArg_ParseTuple(args, "y*iw*w*", &xb, &bits, &sb, &cb)) return NULL;
     PyObject *result = NULL;
-    const size_t n = (size_t)xb.len / 4, slices = (size_t)ob.len / 4;
-    if (slices == 0 || n % slices != 0) {
-        PyErr_SetString(PyExc_ValueError, "absmax: sizes do not agree");
+    const size_t n = (size_t)xb.len / 4, slices = (size_t)cb.len / 4, wide = bits > 16 ? 8 : 4;
+    if (bits < 2 || bits > 32 || slices == 0 || n % slices != 0 || (size_t)sb.len != slices * wide) {
+        PyErr_SetString(PyExc_ValueError, "scaling: sizes do not agree");
     } else {
         const size_t len = n / slices;
+        const double qmax = (double)((1u << (bits - 1)) - 1u);
+        int finite = 1;
         Py_BEGIN_ALLOW_THREADS
         for (size_t k = 0; k < slices; k++) {
             const uint32_t top = absmax_bits((const uint32_t *)xb.buf + k * len, len);
-            memcpy((float *)ob.buf + k, &top, 4);
+            float topf;
+            memcpy(&topf, &top, 4);
+            const double alpha = (double)topf + 0x1p-52; /* dense.ALPHA_EPSILON */
+            finite &= isfinite(alpha) != 0;
+            if (wide == 8) ((double *)sb.buf)[k] = qmax / alpha;
+            else ((float *)sb.buf)[k] = (float)(qmax / alpha);
+            ((float *)cb.buf)[k] = (float)(alpha / qmax);
         }
         Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
+        result = PyBool_FromLong(finite);
     }
     PyBuffer_Release(&xb);
-    PyBuffer_Release(&ob);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&cb);
     return result;
 }
 
@@ -349,29 +397,20 @@ static PyObject *quantize_pack(PyObject *self, PyObject *args) {
     {
         const size_t slice_len = n / slices;
         const double qmax = (double)((1u << (bits - 1)) - 1u);
-        const size_t width = code_width(bits);
         code_buffer buf;
-        const size_t at0 = away_from(&buf, xb.buf);
-        uint8_t *c8 = buf.u8 + at0;
-        uint16_t *c16 = buf.u16 + at0 / 2;
-        uint32_t *c32 = buf.u32 + at0 / 4;
+        uint32_t *codes = away_from(&buf, xb.buf);
         uint8_t *out = (uint8_t *)ob.buf;
+        const float *x = (const float *)xb.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (size_t start = 0; start < n; start += CHUNK) {
+        for (size_t start = 0; start < n; start += CHUNK) { /* CHUNK is whole blocks */
             const size_t end = start + CHUNK < n ? start + CHUNK : n;
-            if (bits > 16) quantize_f64((const float *)xb.buf, start, end, slice_len, (const double *)sb.buf, qmax, stochastic, key, c32);
-            else if (bits > 8) quantize_f32_uint16_t((const float *)xb.buf, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, c16);
-            else quantize_f32_uint8_t((const float *)xb.buf, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, c8);
-            const size_t count = end - start, full = count / 8;
-            PACKERS[bits](c8, full, out + (start / 8) * bits);
-            if (count % 8) { /* the last, partial record: only its own bytes */
-                uint8_t tail[32];
-                uint8_t last[32] = {0};
-                memcpy(last, c8 + 8 * full * width, (count % 8) * width);
-                PACKERS[bits](last, 1, tail);
-                const size_t at = ((start / 8) + full) * bits;
-                memcpy(out + at, tail, (n * bits + 7) / 8 - at);
-            }
+            if (bits == 32 && stochastic) quantize_pair_32(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, codes);
+            else if (bits > 16 && stochastic) quantize_pair(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, codes);
+            else if (bits > 16) quantize_f64(x, start, end, slice_len, (const double *)sb.buf, qmax, stochastic, key, codes);
+            else quantize_f32_uint32_t(x, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, codes);
+            const size_t blocks = (end - start) / BLOCK;
+            PACKERS[bits](codes, blocks, out + start / 8 * bits);
+            pack_tail(codes + BLOCK * blocks, end - start - BLOCK * blocks, bits, out + (start + BLOCK * blocks) / 8 * bits);
         }
         Py_END_ALLOW_THREADS
         result = Py_None;
@@ -402,31 +441,20 @@ static PyObject *unpack_dequantize(PyObject *self, PyObject *args) {
         const float *scales = (const float *)sb.buf;
         const uint8_t *in = (const uint8_t *)db.buf;
         float *out = (float *)ob.buf;
-        const size_t width = code_width(bits);
         code_buffer buf;
-        const size_t at0 = away_from(&buf, out);
-        uint8_t *c8 = buf.u8 + at0;
-        const uint16_t *c16 = buf.u16 + at0 / 2;
-        const uint32_t *c32 = buf.u32 + at0 / 4;
+        uint32_t *codes = away_from(&buf, out);
         Py_BEGIN_ALLOW_THREADS
         for (size_t start = 0; start < n; start += CHUNK) {
             const size_t end = start + CHUNK < n ? start + CHUNK : n;
-            const size_t count = end - start, full = count / 8;
-            UNPACKERS[bits](in + (start / 8) * bits, full, c8);
-            if (count % 8) {
-                uint8_t tail[32] = {0};
-                const size_t at = ((start / 8) + full) * bits;
-                memcpy(tail, in + at, (n * bits + 7) / 8 - at);
-                UNPACKERS[bits](tail, 1, c8 + 8 * full * width);
-            }
+            const size_t blocks = (end - start) / BLOCK;
+            UNPACKERS[bits](in + start / 8 * bits, blocks, codes);
+            unpack_tail(in + (start + BLOCK * blocks) / 8 * bits, end - start - BLOCK * blocks, bits, codes + BLOCK * blocks);
             size_t i = start;
             while (i < end) {
                 const size_t k = i / slice_len;
                 const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end;
-                if (bits > 24) dequant_f64(c32 + (i - start), stop - i, (double)qmax, (double)scales[k], out + i);
-                else if (bits > 16) dequant_f32_uint32_t(c32 + (i - start), stop - i, (float)qmax, scales[k], out + i);
-                else if (bits > 8) dequant_f32_uint16_t(c16 + (i - start), stop - i, (float)qmax, scales[k], out + i);
-                else dequant_f32_uint8_t(c8 + (i - start), stop - i, (float)qmax, scales[k], out + i);
+                if (bits > 24) dequant_split(codes + (i - start), stop - i, qmax, scales[k], out + i);
+                else dequant_f32(codes + (i - start), stop - i, qmax, scales[k], out + i);
                 i = stop;
             }
         }
@@ -443,7 +471,7 @@ done:
 
 static PyMethodDef METHODS[] = {
     {"bf16_encode", bf16_encode, METH_VARARGS, "float32 to bfloat16, rounded to nearest even."},
-    {"absmax", absmax, METH_VARARGS, "max |x| of each equal-length slice of float32 values."},
+    {"scaling", scaling, METH_VARARGS, "alpha = max|x| + 2^-52 per slice; s = qmax/alpha and the scale alpha/qmax."},
     {"quantize_pack", quantize_pack, METH_VARARGS, "Quantize float32 values to int-b codes and bit-pack them."},
     {"unpack_dequantize", unpack_dequantize, METH_VARARGS, "Unpack int-b codes and dequantize them to float32."},
     {NULL, NULL, 0, NULL},

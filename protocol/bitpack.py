@@ -1,9 +1,12 @@
 """Dense bit-packing of unsigned integer codes, LSB-first, into exactly ceil(n*b/8) bytes.
 
-Values form one little-endian bit stream: value i occupies bits [i*b, (i+1)*b).
-The stream is a sequence of identical records of a few values (see _layout), each assembled
-in unsigned words with one vectorised shift/or per value column. np.packbits on bit planes
-is several times slower.
+pack/unpack: values form one little-endian bit stream; value i occupies bits [i*b, (i+1)*b). The
+stream is a sequence of identical records of a few values (see _layout), each assembled in
+unsigned words with one vectorised shift/or per value column. np.packbits on bit planes is
+several times slower. The sparse codecs use it.
+
+pack_lanes/unpack_lanes: the dense int codecs' layout, in the same number of bytes: blocks of 256
+values as 8 interleaved 32-bit lanes, which a vector register packs 8 codes at a time.
 """
 from __future__ import annotations
 
@@ -115,3 +118,48 @@ def unpack(buf, n: int, bits: int) -> np.ndarray:
             col = col | (words[:, w + 1] << word.type(width - shift))
         out[:, j] = col & mask
     return out.reshape(-1)[:n]
+
+
+# The int codecs' layout: whole blocks of BLOCK values in LANES interleaved 32-bit lanes.
+LANES, LANE_VALUES = 8, 32
+BLOCK = LANES * LANE_VALUES
+
+
+def pack_lanes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """The dense int codecs' packing, in the same ceil(n*bits/8) bytes as pack.
+
+    Each whole block of 256 values is 8 interleaved lanes: value 8k + l is the k-th of lane l's 32
+    values, whose pack stream is `bits` 32-bit little-endian words, and the lane's word w is the
+    block's word 8w + l. Then 8 codes in one vector register pack with one shift and one OR (the
+    compiled kernel does so); a plain stream of codes would need each code moved on its own. The
+    values after the last whole block follow as pack's stream."""
+    _check_bits(bits)
+    codes = np.ascontiguousarray(codes).reshape(-1)
+    full = codes.size - codes.size % BLOCK
+    out = np.empty(packed_size(codes.size, bits), np.uint8)
+    head = full * bits // 8
+    if full:
+        lanes = codes[:full].astype(np.uint32).reshape(-1, LANE_VALUES, LANES).transpose(0, 2, 1)
+        words = pack(lanes, bits).view("<u4").reshape(-1, LANES, bits).transpose(0, 2, 1)
+        out[:head] = np.ascontiguousarray(words).view(np.uint8).reshape(-1)
+    out[head:] = pack(codes[full:], bits)
+    return out
+
+
+def unpack_lanes(buf, n: int, bits: int) -> np.ndarray:
+    """Inverse of pack_lanes: n codes, in code_dtype(bits), from exactly packed_size(n, bits) bytes."""
+    _check_bits(bits)
+    raw = buf.reshape(-1).view(np.uint8) if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8)
+    if raw.size != packed_size(n, bits):
+        raise ValueError(
+            f"packed buffer has {raw.size} bytes, expected {packed_size(n, bits)} for {n} values of {bits} bits"
+        )
+    full = n - n % BLOCK
+    head = full * bits // 8
+    out = np.empty(n, code_dtype(bits))
+    if full:
+        words = np.ascontiguousarray(raw[:head]).view("<u4").reshape(-1, bits, LANES).transpose(0, 2, 1)
+        lanes = unpack(np.ascontiguousarray(words).view(np.uint8), full, bits)
+        out[:full] = lanes.reshape(-1, LANES, LANE_VALUES).transpose(0, 2, 1).reshape(-1)
+    out[full:] = unpack(raw[head:], n - full, bits)
+    return out

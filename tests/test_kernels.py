@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.bitpack import pack, unpack
+from protocol.bitpack import pack_lanes, unpack_lanes
 from protocol.codecs import dense
 from protocol.codecs.dense import dither, quantize, quantize_packed, unpack_dequantize
 
@@ -62,12 +62,12 @@ def test_the_kernels_touch_nothing_past_their_output(bits):
         assert np.allclose(values[:n], np.clip(x, -4, 4), atol=8.0 / ((1 << (bits - 1)) - 1) + 1e-6), n
 
 
-def test_the_numpy_path_is_pack_of_quantize():
+def test_the_numpy_path_is_pack_lanes_of_quantize():
     x = np.random.default_rng(1).normal(size=1000).astype(np.float32)
     packed, scales = quantize_packed(x, 5, True, False, np.random.default_rng(2), compiled=False)
     codes, scales2 = quantize(x, 5, True, False, np.random.default_rng(2))
-    assert packed.tobytes() == pack(codes, 5).tobytes() and np.array_equal(scales, scales2)
-    assert np.array_equal(unpack(packed, 1000, 5), codes)
+    assert packed.tobytes() == pack_lanes(codes, 5).tobytes() and np.array_equal(scales, scales2)
+    assert np.array_equal(unpack_lanes(packed, 1000, 5), codes)
 
 
 def test_dither_is_uniform_on_24_bit_fractions_and_changes_with_the_key():
@@ -140,3 +140,62 @@ def test_a_machine_without_the_kernel_sends_and_reads_the_same_bytes(monkeypatch
     assert [bytes(memoryview(f)) for f in without.frames] == frames
     decoded_without, _ = decode_state(frames)
     assert all(decoded_with[k].tobytes() == decoded_without[k].tobytes() for k in state)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits", [17, 24, 25, 31, 32])
+def test_the_float32_pair_path_matches_numpy_where_codes_saturate(bits):
+    """b > 16 rounds stochastically in float32 pairs (quantize_pair): values far past the scale's
+    range, right at its ends, zeros and subnormals give the numpy path's codes (clamped in int64)."""
+    from protocol import _kernels
+    from protocol.bitpack import pack_lanes
+    qmax = (1 << (bits - 1)) - 1
+    special = [0.0, -0.0, 1.0, -1.0, 1.0 - 2**-24, -(1.0 - 2**-24), 1.0 + 2**-23, -1.0 - 2**-23, 3.0, -3.0,
+               1e3, -1e3, 1e30, -1e30, 1e-40, -1e-40, 2**-20, 0.5, -0.5]
+    rng = np.random.default_rng(bits)
+    x = np.concatenate([np.array(special, np.float32), rng.uniform(-1.01, 1.01, 1000).astype(np.float32)])
+    s = np.array([qmax / 1.0], np.float64)
+    out = np.empty((x.size * bits + 7) // 8, np.uint8)
+    _kernels.quantize_pack(x, s, bits, True, 99, out)
+    codes = dense._codes(x.reshape(1, -1), s, bits, 99)
+    assert out.tobytes() == pack_lanes(codes, bits).tobytes()
+    assert codes[special.index(1e30)] == 2 * qmax and codes[special.index(-1e30)] == 0
+    assert codes[special.index(0.0)] == qmax
+
+
+def test_the_pair_path_rounds_the_exact_product():
+    """Against exact rational arithmetic: code = floor(x*s + qmax + u) for s the float64 scale, the
+    float32 dither u; the pair path may differ only where x*s + u lies within 2^-20 of an integer."""
+    from fractions import Fraction
+    for bits in (17, 22, 25, 29, 32):
+        qmax = (1 << (bits - 1)) - 1
+        rng = np.random.default_rng(bits)
+        x = rng.normal(size=3000).astype(np.float32)
+        s = np.array([qmax / (float(np.abs(x).max()) + dense.ALPHA_EPSILON)], np.float64)
+        codes = dense._codes(x.reshape(1, -1), s, bits, 1234)
+        u = dither(x.size, 1234)
+        near = 0
+        for i in range(x.size):
+            exact = Fraction(float(x[i])) * Fraction(float(s[0])) + qmax + Fraction(float(u[i]))
+            want = min(max(exact.__floor__(), 0), 2 * qmax)
+            if int(codes[i]) != want:
+                assert abs(exact - round(exact)) < Fraction(1, 2**20), (bits, i)
+                near += 1
+        assert near <= 2, (bits, near)
+
+
+@pytest.mark.parametrize("bits", [25, 28, 30, 31, 32])
+def test_dequantizing_past_24_bits_in_float32_is_within_one_ulp_of_float64(bits):
+    """b > 24 dequantizes in float32 (d = d_hi + d_lo, the error-free product): against the float64
+    product rounded to float32, a value may differ only by one unit in the last place, and rarely."""
+    rng = np.random.default_rng(bits)
+    qmax = (1 << (bits - 1)) - 1
+    codes = rng.integers(0, 2 * qmax + 1, 200_000, dtype=np.int64).astype(np.uint32)
+    codes[:3] = [0, qmax, 2 * qmax]  # both ends and zero
+    for scale in (1.7e-3 / qmax, 3.1e25 / qmax, 2.0**-40):
+        scales = np.array([scale], np.float32)
+        new = dense.dequantize(codes, scales, bits, (codes.size,))
+        old = ((codes.astype(np.float64) - qmax) * np.float64(scales[0])).astype(np.float32)
+        ulps = np.abs(new.view(np.int32).astype(np.int64) - old.view(np.int32).astype(np.int64))
+        assert ulps.max() <= 1 and np.count_nonzero(ulps) <= 20, (scale, int(np.count_nonzero(ulps)))
+        assert new[1] == 0.0 and new[0] == -new[2]

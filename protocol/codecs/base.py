@@ -1,6 +1,7 @@
 """The codec interface and the registry that lets a scenario name a codec."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -70,12 +71,22 @@ def require(condition: bool, message: str) -> None:
         raise CodecError(message)
 
 
+# The checks below run for every tensor of every message, so they format a message only on failure.
 def meta_int(meta: dict, key: str, low: int, high: int) -> int:
     value = meta.get(key)
-    require(isinstance(value, int) and not isinstance(value, bool), f"header field {key!r} missing or not an integer")
-    require(low <= value <= high, f"header field {key!r}={value} out of range [{low}, {high}]")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CodecError(f"header field {key!r} missing or not an integer")
+    if not low <= value <= high:
+        raise CodecError(f"header field {key!r}={value} out of range [{low}, {high}]")
     return value
 
 
 def expect_length(data: memoryview, expected: int, what: str) -> None:
-    require(len(data) == expected, f"{what}: frame has {len(data)} bytes, header implies {expected}")
+    if len(data) != expected:
+        raise CodecError(f"{what}: frame has {len(data)} bytes, header implies {expected}")
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """No NaN or infinity among float32 (or float64) values: one float64 sum, which a NaN or an
+    infinity makes non-finite and which no count of finite float32 values can overflow."""
+    return math.isfinite(np.add.reduce(values.reshape(-1), dtype=np.float64))

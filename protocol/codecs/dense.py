@@ -1,16 +1,17 @@
 """Dense codecs: fp32, fp16, and symmetric integer quantization at any bit-length (Eq. 1.2-1.4)."""
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
 
-from ..bitpack import code_dtype, pack, packed_size, unpack
+from ..bitpack import code_dtype, pack_lanes, packed_size, unpack_lanes
 try:  # the compiled kernels (setup.py); the numpy path below gives the same bytes without them
     from .. import _kernels
 except ImportError:  # pragma: no cover - depends on the install
     _kernels = None
-from .base import Codec, EncodedTensor, expect_length, meta_int, register, require
+from .base import Codec, CodecError, EncodedTensor, all_finite, expect_length, meta_int, register, require
 
 # max|x| + machine epsilon, exactly as the paper's quantizer, so an all-zero slice gets a finite scale.
 ALPHA_EPSILON = 2.220446049250313e-16
@@ -27,7 +28,7 @@ class Fp32(Codec):
 
     @classmethod
     def decode(cls, meta, data, shape):
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         expect_length(data, 4 * n, "fp32 values")
         return np.frombuffer(data, "<f4").reshape(shape)
 
@@ -47,7 +48,7 @@ class Fp16(Codec):
 
     @classmethod
     def decode(cls, meta, data, shape):
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         expect_length(data, 2 * n, "fp16 values")
         halves = np.frombuffer(data, "<f2")
         torch = sys.modules.get("torch")
@@ -82,7 +83,7 @@ class Bf16(Codec):
 
     @classmethod
     def decode(cls, meta, data, shape):
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         expect_length(data, 2 * n, "bf16 values")
         return (np.frombuffer(data, "<u2").astype("<u4") << 16).view("<f4").reshape(shape)
 
@@ -95,23 +96,26 @@ def slices_of(x: np.ndarray, per_filter: bool) -> np.ndarray:
 
 
 def _work_dtype(bits: int) -> type:
-    """Arithmetic precision for b-bit quantization; encoder and decoder must agree on it."""
-    return np.float64 if bits > 16 else np.float32  # float32 y = x*s loses up to half a step beyond ~20 bits
+    """The precision of s = qmax/alpha, and of nearest rounding's arithmetic: float32 y = x*s loses
+    up to half a step beyond ~20 bits, so b > 16 keeps s in float64 (stochastic rounding there
+    takes the product exactly in float32 pairs: _codes_pair)."""
+    return np.float64 if bits > 16 else np.float32
 
 
 def _scaling(x: np.ndarray, bits: int, per_filter: bool, compiled: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(slices, s = qmax/alpha per slice in the working precision, the float32 scales sent)."""
     qmax = (1 << (bits - 1)) - 1
     rows = np.ascontiguousarray(slices_of(np.asarray(x, dtype=np.float32), per_filter))
-    if rows.size and _kernels is not None and compiled:  # one integer pass over the bits; the same value
-        top = np.empty(rows.shape[0], np.float32)
-        _kernels.absmax(rows, top)
-        alpha = top.astype(np.float64) + ALPHA_EPSILON
-    elif rows.size:  # max |x| without a full-size temporary: the larger of max and -min
+    if rows.size and _kernels is not None and compiled:  # one integer pass over the bits; the same values
+        s, scales = np.empty(rows.shape[0], _work_dtype(bits)), np.empty(rows.shape[0], np.float32)
+        if not _kernels.scaling(rows, bits, s, scales):
+            raise ValueError("tensor contains non-finite values; refusing to quantize")
+        return rows, s, scales
+    if rows.size:  # max |x| without a full-size temporary: the larger of max and -min
         alpha = np.maximum(rows.max(axis=1), -rows.min(axis=1)).astype(np.float64) + ALPHA_EPSILON
     else:
         alpha = np.ones(rows.shape[0])
-    if not np.all(np.isfinite(alpha)):
+    if not all_finite(alpha):
         raise ValueError("tensor contains non-finite values; refusing to quantize")
     return rows, (qmax / alpha).astype(_work_dtype(bits)), (alpha / qmax).astype(np.float32)
 
@@ -149,6 +153,8 @@ def quantize(x: np.ndarray, bits: int, stochastic: bool, per_filter: bool, rng: 
 
 def _codes(rows: np.ndarray, s: np.ndarray, bits: int, key: int | None) -> np.ndarray:
     qmax = (1 << (bits - 1)) - 1
+    if key is not None and bits > 16:
+        return _codes_pair(rows, s, bits, key)
     # Shifting by qmax first makes every value non-negative, so the integer cast truncates exactly
     # like floor; that saves a full pass over the tensor.
     y = np.multiply(rows, s[:, None], dtype=_work_dtype(bits))
@@ -161,13 +167,39 @@ def _codes(rows: np.ndarray, s: np.ndarray, bits: int, key: int | None) -> np.nd
     return y.astype(code_dtype(bits)).reshape(-1)
 
 
+def _codes_pair(rows: np.ndarray, s: np.ndarray, bits: int, key: int) -> np.ndarray:
+    """Stochastic rounding for b > 16 in float32 with the product taken exactly, as the
+    kernel's quantize_pair: s = s_hi + s_lo; x*s_hi = p + e exactly (the float64 product of two
+    float32 values is exact, and so is its difference from p); r = rint(p); the code is
+    r + floor(((p - r) + e) + x*s_lo + u) + qmax, the two integers added exactly. Only the fraction
+    is rounded, to 2^-23 of a step for b <= 25, where float64's x*s + qmax + u was rounded to
+    2^(b-52); it runs in float32 vectors twice as wide."""
+    qmax = (1 << (bits - 1)) - 1
+    hi = s.astype(np.float32)
+    lo = (s - hi.astype(np.float64)).astype(np.float32)
+    lim = (1.5 * qmax / s).astype(np.float32)[:, None]  # every code past it is saturated; nothing overflows
+    rows = np.where(rows < lim, rows, lim)
+    rows = np.where(rows > -lim, rows, -lim)
+    p = rows * hi[:, None]
+    e = (rows.astype(np.float64) * hi.astype(np.float64)[:, None] - p).astype(np.float32)
+    r = np.rint(p)
+    f = p - r
+    f += e
+    f += rows * lo[:, None]
+    f += dither(f.size, key).reshape(f.shape)
+    q = r.astype(np.int64) + np.floor(f).astype(np.int64)
+    np.clip(q, -qmax, qmax, out=q)
+    q += qmax
+    return q.astype(code_dtype(bits)).reshape(-1)
+
+
 def quantize_packed(x: np.ndarray, bits: int, stochastic: bool, per_filter: bool, rng: np.random.Generator,
                     compiled: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """pack(quantize(...)): the packed codes and the scales, in one pass where the kernel is built."""
     rows, s, scales = _scaling(x, bits, per_filter, compiled)
     key = dither_key(rng) if stochastic else None
     if _kernels is None or not compiled or rows.size == 0:
-        return pack(_codes(rows, s, bits, key), bits), scales
+        return pack_lanes(_codes(rows, s, bits, key), bits), scales
     out = np.empty(packed_size(rows.size, bits), np.uint8)
     _kernels.quantize_pack(rows, s, bits, key is not None, key or 0, out)
     return out, scales
@@ -175,18 +207,35 @@ def quantize_packed(x: np.ndarray, bits: int, stochastic: bool, per_filter: bool
 
 def dequantize(codes: np.ndarray, scales: np.ndarray, bits: int, shape: tuple[int, ...]) -> np.ndarray:
     qmax = (1 << (bits - 1)) - 1
-    work = _work_dtype(bits)
+    if bits > 24:
+        return _dequantize_split(codes, scales, qmax).reshape(shape)
+    work = _work_dtype(bits)  # codes below 2^24: float32 or float64, the same values
     values = codes.astype(work).reshape(scales.size, -1)
     values -= qmax
     values *= scales.astype(work)[:, None]
     return values.astype(np.float32, copy=False).reshape(shape)
 
 
+def _dequantize_split(codes: np.ndarray, scales: np.ndarray, qmax: int) -> np.ndarray:
+    """b > 24, as the kernel's dequant_split: d = code - qmax splits exactly into d_hi (its bits above
+    the low 8, a float32 as it is) and d_lo (the low 8 bits); p = d_hi*s rounded, e its exact error,
+    and the value p + round(d_lo*s + e): float32 arithmetic on a code float32 cannot hold, equal to
+    the exact product's float32 rounding but where that product lies within a hair of a halfway point."""
+    d = (codes.astype(np.int64) - qmax).astype(np.int32).reshape(scales.size, -1)
+    hi = (d & ~0xFF).astype(np.float32)
+    lo = (d & 0xFF).astype(np.float32)
+    s32 = scales.astype(np.float32)[:, None]
+    s64 = s32.astype(np.float64)
+    p = hi * s32
+    e = (hi.astype(np.float64) * s64 - p).astype(np.float32)  # exact: float64 holds the 48-bit product
+    return p + (lo.astype(np.float64) * s64 + e).astype(np.float32)  # d_lo*s + e exact in float64, rounded once
+
+
 def unpack_dequantize(data, scales: np.ndarray, bits: int, shape: tuple[int, ...], compiled: bool = True) -> np.ndarray:
     """dequantize(unpack(...)), in one pass where the kernel is built."""
-    n = int(np.prod(shape))
+    n = math.prod(shape)
     if _kernels is None or not compiled or n == 0:
-        return dequantize(unpack(data, n, bits), scales, bits, shape)
+        return dequantize(unpack_lanes(data, n, bits), scales, bits, shape)
     out = np.empty(shape, np.float32)
     _kernels.unpack_dequantize(data, bits, np.ascontiguousarray(scales, dtype=np.float32), out)
     return out
@@ -220,12 +269,13 @@ class IntQuant(Codec):
     @classmethod
     def decode(cls, meta, data, shape):
         bits = meta_int(meta, "bits", MIN_BITS, MAX_BITS)
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         scales_raw = meta.get("scales")
         require(isinstance(scales_raw, bytes) and len(scales_raw) % 4 == 0, "header field 'scales' missing or malformed")
         scales = np.frombuffer(scales_raw, "<f4")
         slices = shape[0] if len(shape) >= 4 and scales.size == shape[0] and shape[0] != 1 else 1
-        require(scales.size == slices and (n % slices == 0), f"{scales.size} scales do not fit a tensor of shape {shape}")
-        require(bool(np.all(np.isfinite(scales))), "non-finite quantization scale")
+        if scales.size != slices or n % slices != 0:
+            raise CodecError(f"{scales.size} scales do not fit a tensor of shape {shape}")
+        require(all_finite(scales), "non-finite quantization scale")
         expect_length(data, packed_size(n, bits), f"int{bits} values")
         return unpack_dequantize(data, scales, bits, shape)
