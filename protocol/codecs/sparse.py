@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from ..bitpack import pack, packed_size, unpack
-from .base import Codec, EncodedTensor, expect_length, meta_int, register, require
+from .base import Codec, EncodedTensor, all_finite, expect_length, meta_int, register, require
 from .dense import dequantize, quantize
 
 MAX_INDEX_BITS = 40
@@ -39,7 +39,7 @@ def _decode_values(meta: dict, data: memoryview, k: int, value_bits: int) -> np.
     scales_raw = meta.get("scales")
     require(isinstance(scales_raw, bytes) and len(scales_raw) == 4, "header field 'scales' missing or malformed")
     scales = np.frombuffer(scales_raw, "<f4")
-    require(bool(np.all(np.isfinite(scales))), "non-finite quantization scale")
+    require(all_finite(scales), "non-finite quantization scale")
     expect_length(data, packed_size(k, value_bits), f"int{value_bits} values")
     return dequantize(unpack(data, k, value_bits), scales, value_bits, (k,))
 
@@ -82,7 +82,7 @@ class TopK(Codec):
 
     @classmethod
     def decode(cls, meta, data, shape):
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         k = meta_int(meta, "k", 0, n)
         value_bits = meta_int(meta, "value_bits", 2, 32)
         ibits = index_bits(n)
@@ -149,7 +149,7 @@ class RandomK(Codec):
 
     @classmethod
     def decode(cls, meta, data, shape):
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         k = meta_int(meta, "k", 0, n)
         seed = meta_int(meta, "seed", 0, 2**63 - 1)
         expect_length(data, 4 * k, "random-k values")

@@ -7,6 +7,7 @@ the like) are counters, not weights: they always travel losslessly as raw little
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -52,7 +53,7 @@ def encode_state(
     for name, array in state.items():
         array = np.asarray(array)
         entry = {"name": name, "shape": list(array.shape)}
-        if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
+        if array.dtype.kind in "iub":  # integers and booleans
             meta, data = _raw_int(array)
             entry.update(dtype="i8", codec="raw", **meta)
             payload += data.nbytes
@@ -75,10 +76,9 @@ def encode_state(
 
 def _shape(entry: dict, index: int) -> tuple[int, ...]:
     shape = entry.get("shape")
-    require(
-        isinstance(shape, list) and len(shape) <= 8 and all(isinstance(d, int) and 0 <= d < 2**40 for d in shape),
-        f"tensor {index}: shape missing or malformed",
-    )
+    if not (isinstance(shape, list) and len(shape) <= 8
+            and all(type(d) is int and 0 <= d < 2**40 for d in shape)):  # noqa: E721 (a bool is no size)
+        raise CodecError(f"tensor {index}: shape missing or malformed")
     return tuple(shape)
 
 
@@ -112,25 +112,36 @@ def decode_state(
         names = [e.get("name") if isinstance(e, dict) else None for e in entries]
         require(names == list(expected), f"tensor names {names[:4]}... do not match the model's")
     state: dict[str, np.ndarray] = {}
+    # Per tensor, a message is formatted only when a check fails: this loop runs for every tensor
+    # of every model that arrives.
     for i, (entry, data) in enumerate(zip(entries, views[1:])):
-        require(isinstance(entry, dict) and isinstance(entry.get("name"), str), f"tensor {i}: entry malformed")
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)):
+            raise CodecError(f"tensor {i}: entry malformed")
         name = entry["name"]
-        require(name not in state, f"tensor {name!r} appears twice")
+        if name in state:
+            raise CodecError(f"tensor {name!r} appears twice")
         shape = _shape(entry, i)
-        n = int(np.prod(shape, dtype=np.int64))
-        require(4 * n <= max_frame_bytes * 8, f"tensor {name!r}: {n} values exceed the size limit")
+        n = math.prod(shape)
+        if 4 * n > max_frame_bytes * 8:
+            raise CodecError(f"tensor {name!r}: {n} values exceed the size limit")
+        dtype = entry.get("dtype")
         if expected is not None:
             want_shape, want_dtype = expected[name]
-            require(shape == tuple(want_shape), f"tensor {name!r}: shape {shape} does not match the model's {tuple(want_shape)}")
-            require(entry.get("dtype") == want_dtype, f"tensor {name!r}: dtype {entry.get('dtype')!r}, model has {want_dtype!r}")
+            if shape != tuple(want_shape):
+                raise CodecError(f"tensor {name!r}: shape {shape} does not match the model's {tuple(want_shape)}")
+            if dtype != want_dtype:
+                raise CodecError(f"tensor {name!r}: dtype {dtype!r}, model has {want_dtype!r}")
         codec_name = entry.get("codec")
-        if entry.get("dtype") == "i8":
-            require(codec_name == "raw", f"tensor {name!r}: integer tensors travel raw, got codec {codec_name!r}")
+        if dtype == "i8":
+            if codec_name != "raw":
+                raise CodecError(f"tensor {name!r}: integer tensors travel raw, got codec {codec_name!r}")
             expect_length(data, 8 * n, f"tensor {name!r}")
             state[name] = np.frombuffer(data, "<i8").reshape(shape)
             continue
-        require(entry.get("dtype") == "f4", f"tensor {name!r}: dtype {entry.get('dtype')!r} unknown")
-        require(codec_name in REGISTRY, f"tensor {name!r}: codec {codec_name!r} unknown to this receiver")
+        if dtype != "f4":
+            raise CodecError(f"tensor {name!r}: dtype {dtype!r} unknown")
+        if codec_name not in REGISTRY:
+            raise CodecError(f"tensor {name!r}: codec {codec_name!r} unknown to this receiver")
         try:
             state[name] = REGISTRY[codec_name].decode(entry, data, shape)
         except CodecError as exc:
