@@ -401,13 +401,17 @@ static PyObject *quantize_pack(PyObject *self, PyObject *args) {
         uint32_t *codes = away_from(&buf, xb.buf);
         uint8_t *out = (uint8_t *)ob.buf;
         const float *x = (const float *)xb.buf;
+        /* at 32 bits the layout is the codes themselves, little-endian: they go straight out */
+        const int straight = bits == 32 && (uintptr_t)out % 4 == 0;
         Py_BEGIN_ALLOW_THREADS
         for (size_t start = 0; start < n; start += CHUNK) { /* CHUNK is whole blocks */
             const size_t end = start + CHUNK < n ? start + CHUNK : n;
-            if (bits == 32 && stochastic) quantize_pair_32(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, codes);
-            else if (bits > 16 && stochastic) quantize_pair(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, codes);
-            else if (bits > 16) quantize_f64(x, start, end, slice_len, (const double *)sb.buf, qmax, stochastic, key, codes);
-            else quantize_f32_uint32_t(x, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, codes);
+            uint32_t *c = straight ? (uint32_t *)(out + 4 * start) : codes;
+            if (bits == 32 && stochastic) quantize_pair_32(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, c);
+            else if (bits > 16 && stochastic) quantize_pair(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, c);
+            else if (bits > 16) quantize_f64(x, start, end, slice_len, (const double *)sb.buf, qmax, stochastic, key, c);
+            else quantize_f32_uint32_t(x, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, c);
+            if (straight) continue;
             const size_t blocks = (end - start) / BLOCK;
             PACKERS[bits](codes, blocks, out + start / 8 * bits);
             pack_tail(codes + BLOCK * blocks, end - start - BLOCK * blocks, bits, out + (start + BLOCK * blocks) / 8 * bits);
@@ -442,13 +446,17 @@ static PyObject *unpack_dequantize(PyObject *self, PyObject *args) {
         const uint8_t *in = (const uint8_t *)db.buf;
         float *out = (float *)ob.buf;
         code_buffer buf;
-        uint32_t *codes = away_from(&buf, out);
+        uint32_t *buffered = away_from(&buf, out);
+        const int straight = bits == 32 && (uintptr_t)in % 4 == 0; /* as in quantize_pack */
         Py_BEGIN_ALLOW_THREADS
         for (size_t start = 0; start < n; start += CHUNK) {
             const size_t end = start + CHUNK < n ? start + CHUNK : n;
-            const size_t blocks = (end - start) / BLOCK;
-            UNPACKERS[bits](in + start / 8 * bits, blocks, codes);
-            unpack_tail(in + (start + BLOCK * blocks) / 8 * bits, end - start - BLOCK * blocks, bits, codes + BLOCK * blocks);
+            const uint32_t *codes = straight ? (const uint32_t *)(in + 4 * start) : buffered;
+            if (!straight) {
+                const size_t blocks = (end - start) / BLOCK;
+                UNPACKERS[bits](in + start / 8 * bits, blocks, buffered);
+                unpack_tail(in + (start + BLOCK * blocks) / 8 * bits, end - start - BLOCK * blocks, bits, buffered + BLOCK * blocks);
+            }
             size_t i = start;
             while (i < end) {
                 const size_t k = i / slice_len;

@@ -199,3 +199,25 @@ def test_dequantizing_past_24_bits_in_float32_is_within_one_ulp_of_float64(bits)
         ulps = np.abs(new.view(np.int32).astype(np.int64) - old.view(np.int32).astype(np.int64))
         assert ulps.max() <= 1 and np.count_nonzero(ulps) <= 20, (scale, int(np.count_nonzero(ulps)))
         assert new[1] == 0.0 and new[0] == -new[2]
+
+
+@needs_kernels
+def test_32_bit_codes_go_straight_to_an_aligned_buffer_and_through_one_that_is_not():
+    """At 32 bits the kernels write and read the codes in place where the buffer is 4-byte aligned,
+    and through their code buffer where it is not: the same bytes and values either way."""
+    from protocol import _kernels
+    x = np.random.default_rng(3).normal(size=5000).astype(np.float32)
+    s = np.array([(2**31 - 1) / (float(np.abs(x).max()) + dense.ALPHA_EPSILON)], np.float64)
+    backing = np.zeros(4 * x.size + 8, np.uint8)
+    aligned, shifted = backing[:4 * x.size], backing[1:4 * x.size + 1]
+    _kernels.quantize_pack(x, s, 32, True, 5, aligned)
+    first = aligned.tobytes()
+    _kernels.quantize_pack(x, s, 32, True, 5, shifted)
+    assert shifted.tobytes() == first
+    scale = np.array([1.0 / s[0]], np.float32)
+    want = dense.dequantize(np.frombuffer(first, "<u4"), scale, 32, (x.size,))
+    for packed in (np.frombuffer(first, np.uint8), shifted):  # aligned, then not
+        values = np.empty(x.size, np.float32)
+        _kernels.unpack_dequantize(packed, 32, scale, values)
+        assert values.tobytes() == want.tobytes()
+    assert np.abs(want - x).max() <= 2 * float(scale[0])
