@@ -131,17 +131,27 @@ def pack_lanes(codes: np.ndarray, bits: int) -> np.ndarray:
     Each whole block of 256 values is 8 interleaved lanes: value 8k + l is the k-th of lane l's 32
     values, whose pack stream is `bits` 32-bit little-endian words, and the lane's word w is the
     block's word 8w + l. Then 8 codes in one vector register pack with one shift and one OR (the
-    compiled kernel does so); a plain stream of codes would need each code moved on its own. The
-    values after the last whole block follow as pack's stream."""
+    compiled kernel does so; here each step is one numpy operation over every block's 8 lanes).
+    The values after the last whole block follow as pack's stream."""
     _check_bits(bits)
     codes = np.ascontiguousarray(codes).reshape(-1)
     full = codes.size - codes.size % BLOCK
     out = np.empty(packed_size(codes.size, bits), np.uint8)
     head = full * bits // 8
-    if full:
-        lanes = codes[:full].astype(np.uint32).reshape(-1, LANE_VALUES, LANES).transpose(0, 2, 1)
-        words = pack(lanes, bits).view("<u4").reshape(-1, LANES, bits).transpose(0, 2, 1)
-        out[:head] = np.ascontiguousarray(words).view(np.uint8).reshape(-1)
+    if full and bits in (8, 16, 32):  # byte-aligned: pack each lane's values as they are, then interleave
+        lanes = pack(codes[:full].reshape(-1, LANE_VALUES, LANES).transpose(0, 2, 1), bits)
+        np.copyto(out[:head].view("<u4").reshape(-1, bits, LANES),
+                  lanes.view("<u4").reshape(-1, LANES, bits).transpose(0, 2, 1))
+    elif full:
+        values = codes[:full].reshape(-1, LANE_VALUES, LANES)  # [block, k, lane]
+        words = np.zeros((values.shape[0], bits, LANES), "<u4")  # [block, w, lane]
+        for k in range(LANE_VALUES):
+            w, shift = divmod(k * bits, 32)
+            column = values[:, k, :].astype(np.uint32)
+            words[:, w, :] |= column << np.uint32(shift)
+            if shift + bits > 32:
+                words[:, w + 1, :] |= column >> np.uint32(32 - shift)
+        out[:head] = words.view(np.uint8).reshape(-1)
     out[head:] = pack(codes[full:], bits)
     return out
 
@@ -157,9 +167,18 @@ def unpack_lanes(buf, n: int, bits: int) -> np.ndarray:
     full = n - n % BLOCK
     head = full * bits // 8
     out = np.empty(n, code_dtype(bits))
-    if full:
-        words = np.ascontiguousarray(raw[:head]).view("<u4").reshape(-1, bits, LANES).transpose(0, 2, 1)
-        lanes = unpack(np.ascontiguousarray(words).view(np.uint8), full, bits)
-        out[:full] = lanes.reshape(-1, LANES, LANE_VALUES).transpose(0, 2, 1).reshape(-1)
+    words = np.ascontiguousarray(raw[:head]).view("<u4").reshape(-1, bits, LANES)  # [block, w, lane]
+    values = out[:full].reshape(-1, LANE_VALUES, LANES)  # [block, k, lane], a view of out
+    if full and bits in (8, 16, 32):
+        lanes = unpack(np.ascontiguousarray(words.transpose(0, 2, 1)).view(np.uint8), full, bits)
+        np.copyto(values, lanes.reshape(-1, LANES, LANE_VALUES).transpose(0, 2, 1))
+    elif full:
+        mask = np.uint32((1 << bits) - 1)
+        for k in range(LANE_VALUES):
+            w, shift = divmod(k * bits, 32)
+            column = words[:, w, :] >> np.uint32(shift)
+            if shift + bits > 32:
+                column |= words[:, w + 1, :] << np.uint32(32 - shift)
+            values[:, k, :] = column & mask
     out[full:] = unpack(raw[head:], n - full, bits)
     return out
