@@ -166,39 +166,38 @@ static inline uint32_t *away_from(code_buffer *buf, const void *ref) {
 }
 
 /* ---- quantization of values [start, end) into codes -------------------------------------- */
-/* float32 arithmetic for b <= 16, float64 beyond (dense.py's _work_dtype). The dither's counter
-   is a 32-bit vector of its own (a 64-bit index narrowed in the loop costs a shuffle per vector). */
-#define DEFINE_QUANTIZE_F32(T)                                                     \
-    HOT static void quantize_f32_##T(const float *x, size_t start, size_t end, size_t slice_len, const float *s, \
-                                     float qmax, int stochastic, uint32_t key, T *codes) { \
-        const float top = 2.0f * qmax;                                             \
-        size_t i = start;                                                          \
-        while (i < end) {                                                          \
-            const size_t k = i / slice_len;                                        \
-            const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end; \
-            const float sk = s[k];                                                 \
-            T *c = codes + (i - start);                                            \
-            const float *xi = x + i;                                               \
-            const uint32_t m = (uint32_t)(stop - i); /* at most CHUNK */           \
-            const uint32_t base = (uint32_t)i + key;                               \
-            /* codes stay below 2^16 here, so the signed conversion (one vector instruction) \
-               is exact; the branch on `stochastic` is hoisted out of the loop by the compiler */ \
-            for (uint32_t t = 0; t < m; t++) {                                     \
-                float y = xi[t] * sk;                                              \
-                y = y + qmax;                                                      \
-                if (stochastic) y = y + (float)(int32_t)(mix32(base + t) >> 8) * 0x1p-24f; \
-                else y = rint_pos_f(y);                                            \
-                y = y > 0.0f ? y : 0.0f; /* maxps; finite inputs, so the same as a clip */ \
-                y = y < top ? y : top;                                             \
-                c[t] = (T)(int32_t)y;                                              \
-            }                                                                      \
-            i = stop;                                                              \
-        }                                                                          \
+/* float32 arithmetic for b <= 16 (dense.py's _work_dtype). The dither's counter is a 32-bit vector
+   of its own (a 64-bit index narrowed in the loop costs a shuffle per vector). */
+HOT static void quantize_f32(const float *x, size_t start, size_t end, size_t slice_len, const float *s,
+                             float qmax, int stochastic, uint32_t key, uint32_t *codes) {
+    const float top = 2.0f * qmax;
+    size_t i = start;
+    while (i < end) {
+        const size_t k = i / slice_len;
+        const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end;
+        const float sk = s[k];
+        uint32_t *c = codes + (i - start);
+        const float *xi = x + i;
+        const uint32_t m = (uint32_t)(stop - i); /* at most CHUNK */
+        const uint32_t base = (uint32_t)i + key;
+        /* codes stay below 2^16 here, so the signed conversion (one vector instruction) is exact;
+           the branch on `stochastic` is hoisted out of the loop by the compiler */
+        for (uint32_t t = 0; t < m; t++) {
+            float y = xi[t] * sk;
+            y = y + qmax;
+            if (stochastic) y = y + (float)(int32_t)(mix32(base + t) >> 8) * 0x1p-24f;
+            else y = rint_pos_f(y);
+            y = y > 0.0f ? y : 0.0f; /* maxps; finite inputs, so the same as a clip */
+            y = y < top ? y : top;
+            c[t] = (uint32_t)(int32_t)y;
+        }
+        i = stop;
     }
-DEFINE_QUANTIZE_F32(uint32_t)
+}
 
+/* nearest rounding for b > 16, in float64 as dense.py's _codes (stochastic rounding there: quantize_pair) */
 HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t slice_len, const double *s,
-                             double qmax, int stochastic, uint32_t key, uint32_t *codes) {
+                             double qmax, uint32_t *codes) {
     const double top = 2.0 * qmax;
     const int wide = top >= 0x1p31;
     size_t i = start;
@@ -209,12 +208,9 @@ HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t sl
         uint32_t *c = codes + (i - start);
         const float *xi = x + i;
         const uint32_t m = (uint32_t)(stop - i);
-        const uint32_t base = (uint32_t)i + key;
         for (uint32_t t = 0; t < m; t++) {
             double y = (double)xi[t] * sk;
-            y = y + qmax;
-            if (stochastic) y = y + (double)((float)(int32_t)(mix32(base + t) >> 8) * 0x1p-24f);
-            else y = rint_pos_d(y);
+            y = rint_pos_d(y + qmax);
             y = y > 0.0 ? y : 0.0;
             y = y < top ? y : top;
             /* below 2^31 (b < 32) the signed truncation is one instruction */
@@ -409,8 +405,8 @@ static PyObject *quantize_pack(PyObject *self, PyObject *args) {
             uint32_t *c = straight ? (uint32_t *)(out + 4 * start) : codes;
             if (bits == 32 && stochastic) quantize_pair_32(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, c);
             else if (bits > 16 && stochastic) quantize_pair(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, c);
-            else if (bits > 16) quantize_f64(x, start, end, slice_len, (const double *)sb.buf, qmax, stochastic, key, c);
-            else quantize_f32_uint32_t(x, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, c);
+            else if (bits > 16) quantize_f64(x, start, end, slice_len, (const double *)sb.buf, qmax, c);
+            else quantize_f32(x, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, c);
             if (straight) continue;
             const size_t blocks = (end - start) / BLOCK;
             PACKERS[bits](codes, blocks, out + start / 8 * bits);
