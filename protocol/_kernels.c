@@ -165,6 +165,13 @@ static inline uint32_t *away_from(code_buffer *buf, const void *ref) {
     return buf->u32 + ((((uintptr_t)ref + 2048 - (uintptr_t)buf->u8) & 4095) & ~(size_t)63) / 4; /* 64-aligned */
 }
 
+/* Every per-slice pass walks a chunk [start, end) in runs that stay within one slice: the run from
+   i ends at the next slice boundary or at end. */
+static inline size_t run_end(size_t i, size_t end, size_t slice_len) {
+    const size_t boundary = (i / slice_len + 1) * slice_len;
+    return boundary < end ? boundary : end;
+}
+
 /* ---- quantization of values [start, end) into codes -------------------------------------- */
 /* float32 arithmetic for b <= 16 (dense.py's _work_dtype). The dither's counter is a 32-bit vector
    of its own (a 64-bit index narrowed in the loop costs a shuffle per vector). */
@@ -173,9 +180,8 @@ HOT static void quantize_f32(const float *x, size_t start, size_t end, size_t sl
     const float top = 2.0f * qmax;
     size_t i = start;
     while (i < end) {
-        const size_t k = i / slice_len;
-        const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end;
-        const float sk = s[k];
+        const size_t stop = run_end(i, end, slice_len);
+        const float sk = s[i / slice_len];
         uint32_t *c = codes + (i - start);
         const float *xi = x + i;
         const uint32_t m = (uint32_t)(stop - i); /* at most CHUNK */
@@ -202,9 +208,8 @@ HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t sl
     const int wide = top >= 0x1p31;
     size_t i = start;
     while (i < end) {
-        const size_t k = i / slice_len;
-        const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end;
-        const double sk = s[k];
+        const size_t stop = run_end(i, end, slice_len);
+        const double sk = s[i / slice_len];
         uint32_t *c = codes + (i - start);
         const float *xi = x + i;
         const uint32_t m = (uint32_t)(stop - i);
@@ -237,11 +242,11 @@ HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t sl
                              int32_t qmax, uint32_t key, uint32_t *codes) {       \
         size_t i = start;                                                          \
         while (i < end) {                                                          \
-            const size_t k = i / slice_len;                                        \
-            const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end; \
-            const float hi = (float)s[k];                                          \
-            const float lo = (float)(s[k] - (double)hi);                           \
-            const float lim = (float)(1.5 * (double)qmax / s[k]);                  \
+            const size_t stop = run_end(i, end, slice_len);                        \
+            const double sk = s[i / slice_len];                                    \
+            const float hi = (float)sk;                                            \
+            const float lo = (float)(sk - (double)hi);                             \
+            const float lim = (float)(1.5 * (double)qmax / sk);                    \
             uint32_t *c = codes + (i - start);                                     \
             const float *xi = x + i;                                               \
             const uint32_t m = (uint32_t)(stop - i);                               \
@@ -455,10 +460,9 @@ static PyObject *unpack_dequantize(PyObject *self, PyObject *args) {
             }
             size_t i = start;
             while (i < end) {
-                const size_t k = i / slice_len;
-                const size_t stop = ((k + 1) * slice_len < end) ? (k + 1) * slice_len : end;
-                if (bits > 24) dequant_split(codes + (i - start), stop - i, qmax, scales[k], out + i);
-                else dequant_f32(codes + (i - start), stop - i, qmax, scales[k], out + i);
+                const size_t stop = run_end(i, end, slice_len);
+                if (bits > 24) dequant_split(codes + (i - start), stop - i, qmax, scales[i / slice_len], out + i);
+                else dequant_f32(codes + (i - start), stop - i, qmax, scales[i / slice_len], out + i);
                 i = stop;
             }
         }
