@@ -60,6 +60,10 @@ static inline uint32_t mix32(uint32_t x) { /* lowbias32 (C. Wellons): a bijectiv
     return x;
 }
 
+/* The stochastic-rounding dither of value `counter` (index + key): dense.py's dither, the top 24
+   bits of the hash over 2^24, exact in float32. */
+static inline float dither_at(uint32_t counter) { return (float)(int32_t)(mix32(counter) >> 8) * 0x1p-24f; }
+
 /* ---- packing: one function per bit-length ------------------------------------------------ */
 /* Whole blocks of 256 values are 8 interleaved 32-bit lanes (protocol/bitpack.py's pack_lanes):
    value 8k + l is the k-th of lane l's 32 values, which form an LSB-first stream of b 32-bit words,
@@ -69,6 +73,7 @@ static inline uint32_t mix32(uint32_t x) { /* lowbias32 (C. Wellons): a bijectiv
    size stays ceil(n*b/8). The values after the last whole block are one plain LSB-first stream. */
 #define LANES 8
 #define BLOCK (LANES * 32)
+_Static_assert(CHUNK % BLOCK == 0, "a chunk is whole blocks: only the last one has a tail");
 
 /* 8 lanes of 32 bits (GCC's and Clang's vector extension: one AVX2 register, two SSE2 ones) */
 typedef uint32_t lanes_u32 __attribute__((vector_size(32)));
@@ -191,7 +196,7 @@ HOT static void quantize_f32(const float *x, size_t start, size_t end, size_t sl
         for (uint32_t t = 0; t < m; t++) {
             float y = xi[t] * sk;
             y = y + qmax;
-            if (stochastic) y = y + (float)(int32_t)(mix32(base + t) >> 8) * 0x1p-24f;
+            if (stochastic) y = y + dither_at(base + t);
             else y = rint_pos_f(y);
             y = y > 0.0f ? y : 0.0f; /* maxps; finite inputs, so the same as a clip */
             y = y < top ? y : top;
@@ -258,7 +263,7 @@ HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t sl
                 const float e = fmaf(v, hi, -p);                                   \
                 const float r = rintf(p);                                          \
                 const float f = ((p - r) + e) + v * lo;                            \
-                const float u = (float)(int32_t)(mix32(base + t) >> 8) * 0x1p-24f; \
+                const float u = dither_at(base + t);                               \
                 const float step = floorf(f + u);                                  \
                 if (!(WIDE)) {                                                     \
                     int32_t q = (int32_t)r + (int32_t)step;                        \
