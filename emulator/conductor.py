@@ -24,7 +24,8 @@ from node.device import EXIT_DEVICE
 from node.processes import host_main
 from protocol import envelope
 from protocol.curve import read_host_key
-from .network import CONDUCTOR, SERVER, NetworkConfig, network_main
+from .netconfig import CONDUCTOR, SERVER, NetworkConfig
+from .network import network_main
 from .placement import (DEFAULT_SILENCE_S, Lobby, Placement, PlacementError, RemoteHost, network_listen, ray_hosts,
                         ray_node_address, world_fingerprint)
 from .topology import TOPOLOGIES, topology_of

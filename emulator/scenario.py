@@ -502,7 +502,7 @@ class Eval(Strict):
 
 
 class TcpModel(Strict):
-    """Linux's defaults (emulator/transport.py says what is approximated)."""
+    """Linux's defaults (emulator/flows/transport.py says what is approximated)."""
     initcwnd: int = Field(10, ge=1, description="initial congestion window in segments (RFC 6928)")
     beta: float = Field(0.7, gt=0, lt=1, description="CUBIC's multiplicative decrease")
     cubic_c: float = Field(0.4, gt=0, description="CUBIC's C, in segments per second cubed")
@@ -525,7 +525,7 @@ class NetworkModel(Strict):
     rto_ms: float = Field(200.0, ge=0, description="minimum RTO; fluid: the delay each lost segment costs")
     flow_solver: Literal["scratch", "incremental"] = Field(
         "scratch", description="scratch: max-min rates filled again over every flow at every change; incremental: "
-                               "only what a change moves (emulator/levelflows.py), the same times, for thousands of "
+                               "only what a change moves (emulator/flows/levelflows.py), the same times, for thousands of "
                                "concurrent flows; fluid transport only so far")
 
     @model_validator(mode="after")

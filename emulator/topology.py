@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar
 
 from node.processes import flower_server_main, server_main, warmup_main
-from .network import SERVER, Link
+from .netconfig import SERVER, Link
 from .results import RingRounds
 from .world import World
 

@@ -24,10 +24,10 @@ from node.privacy import add_noise, noise_factor
 from node.schedule import BitSchedule
 from node.server import ServerConfig
 from . import devices as dev_model
-from .links import INF, Framing
-from .network import Fault, Link
+from .flows.links import INF, Framing
+from .netconfig import Fault, Link
 from .scenario import FLOWER, Scenario, ScenarioError
-from .transport import TcpParams
+from .flows.transport import TcpParams
 
 
 @dataclass

@@ -14,10 +14,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules import module as torch_module
 
-try:
-    from . import _layerkernels
-except ImportError:  # not built (no C compiler at install): torch's ops, the same results
-    _layerkernels = None
+from protocol.native import compiled
+
+_layerkernels = compiled("node._layerkernels")  # without it: torch's ops, the same results
 
 try:
     _wrapped = torch._C._functorch.is_functorch_wrapped_tensor

@@ -9,12 +9,11 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from protocol.native import compiled
+
 from .accounting import analytic_gaussian_sigma
 
-try:
-    from . import _dpkernels
-except ImportError:  # not built (no C compiler at install): torch's passes, summed in double too
-    _dpkernels = None
+_dpkernels = compiled("node._dpkernels")  # without it: torch's passes, summed in double too
 
 MECHANISMS = ("none", "laplace", "gaussian")
 NOISE_FACTORS = ("code", "paper")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulator.links import FlowModel
-from emulator.transport import TcpParams, TcpTransport
+from emulator.flows.links import FlowModel
+from emulator.flows.transport import TcpParams, TcpTransport
 
 
 def workload(seed: int, tcp: bool) -> tuple[FlowModel, list[dict]]:

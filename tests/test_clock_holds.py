@@ -8,7 +8,9 @@ import zmq
 
 from emulator.devices import AlwaysOn, Battery, DeviceSpec
 from emulator.holds import INF, Holds
-from emulator.network import CONDUCTOR, DELIVER, FLOW_START, Link, Network, NetworkConfig
+from emulator.clock import FLOW_START, Deliver
+from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
+from emulator.network import Network
 from protocol import envelope
 
 PEERS = {CONDUCTOR: [], "server": ["server"], "host0": ["c0", "c1"], "host1": ["c2"]}
@@ -39,7 +41,7 @@ def network(devices=None, link: Link | None = None) -> Network:
 
 def deliver_at(net: Network, t: float, dst: str, n: int) -> None:
     env = {"src": "server", "dst": dst, "kind": "task", "round": 0, "t": 0.0, "body": {}}
-    net.push(t, DELIVER, dst, n, 0, ("deliver", (env, [])))
+    net.push(t, dst, n, 0, Deliver(env, []))
 
 
 def run(net: Network, wire: Wire) -> None:

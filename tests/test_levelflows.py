@@ -1,4 +1,4 @@
-"""The incremental flow model (emulator/levelflows.py, network.flow_solver: incremental) gives the
+"""The incremental flow model (emulator/flows/levelflows.py, network.flow_solver: incremental) gives the
 from-scratch model's times, touching only the flows a change moves."""
 import json
 import math
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import read_csv, run_cli, write_scenario
-from emulator.levelflows import IncrementalFlowModel
-from emulator.links import FlowModel, simulate
+from emulator.flows.levelflows import IncrementalFlowModel
+from emulator.flows.links import FlowModel, simulate
 from flow_scenarios import workload
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "flow_reference.json").read_text())

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from emulator.links import INF, FlowModel, Framing, max_min_rates
+from emulator.flows.links import INF, FlowModel, Framing, max_min_rates
 
 
 def test_framing_tcp_ethernet_default():
@@ -60,7 +60,7 @@ def _reference_max_min(paths, capacity):
 def test_max_min_fill_matches_progressive_filling_on_random_topologies():
     import random
 
-    from emulator.links import max_min_fill
+    from emulator.flows.links import max_min_fill
 
     rng = random.Random(7)
     for _ in range(300):
@@ -75,15 +75,15 @@ def test_max_min_fill_matches_progressive_filling_on_random_topologies():
 
 
 def test_compiled_filling_gives_the_python_fillings_numbers_bit_for_bit():
-    """emulator/_flowfill.c against max_min_fill_py on random topologies built to tie: shared and
+    """emulator/flows/_flowfill.c against max_min_fill_py on random topologies built to tie: shared and
     private links of equal capacity, a link twice on a path, links with no (or an infinite)
     capacity, zero capacities, and per-flow window caps given as `override`."""
     import random
 
-    from emulator import links as links_module
+    from emulator.flows import links as links_module
 
     if links_module._compiled_fill is None:
-        pytest.skip("emulator/_flowfill.c is not built here (no C compiler at install)")
+        pytest.skip("emulator/flows/_flowfill.c is not built here (no C compiler at install)")
     rng = random.Random(11)
     for case in range(2000):
         names = [("up", f"c{k}") if k % 2 else f"l{k}" for k in range(rng.randint(1, 9))]
@@ -112,10 +112,10 @@ def test_a_tcp_round_arrives_at_the_same_times_with_either_filling(monkeypatch):
     import sys
 
     from conftest import REPO
-    from emulator import links as links_module
+    from emulator.flows import links as links_module
 
     if links_module._compiled_fill is None:
-        pytest.skip("emulator/_flowfill.c is not built here (no C compiler at install)")
+        pytest.skip("emulator/flows/_flowfill.c is not built here (no C compiler at install)")
     sys.path.insert(0, str(REPO / "tools"))
     import bench_flows
 
@@ -130,7 +130,7 @@ def test_a_tcp_round_arrives_at_the_same_times_with_either_filling(monkeypatch):
     assert len(arrivals["python"]) == 48 and all(float.fromhex(b) > float.fromhex(a) for a, b in arrivals["python"])
 
 
-class _PropertyFlow(__import__("emulator.links").links.Flow):
+class _PropertyFlow(__import__("emulator.flows.links").flows.links.Flow):
     """A Flow subclass whose rate is a property: the compiled rebalance must not read its slot."""
 
     _rate_value = 0.0
@@ -146,16 +146,16 @@ class _PropertyFlow(__import__("emulator.links").links.Flow):
 
 @pytest.mark.parametrize("tcp,subclass", [(True, False), (False, False), (True, True)])
 def test_compiled_rebalance_gives_the_python_rebalances_times_and_state_bit_for_bit(monkeypatch, tcp, subclass):
-    """emulator/_flowfill.c's `rebalance` writes out FlowModel._rebalance_py (sync, window caps, the
+    """emulator/flows/_flowfill.c's `rebalance` writes out FlowModel._rebalance_py (sync, window caps, the
     filling, after_rates, next events, load, standing queues): on random workloads (stars behind a
     server link and a shared cell, windows, loss, queues, reused connections; tests/flow_scenarios.py)
     every arrival is the same float, and so is every event the model handed out. It reads the slots
     of Flow, TcpState and Connection in place, and a subclass's attributes through getattr."""
-    from emulator import links as links_module
+    from emulator.flows import links as links_module
     from flow_scenarios import workload
 
     if links_module._compiled_rebalance is None:
-        pytest.skip("emulator/_flowfill.c is not built here (no C compiler at install)")
+        pytest.skip("emulator/flows/_flowfill.c is not built here (no C compiler at install)")
     for seed in range(40 if not subclass else 10):
         seen = {}
         for name, rebalance in (("compiled", links_module._compiled_rebalance), ("python", None)):
@@ -183,8 +183,8 @@ def test_compiled_rebalance_gives_the_python_rebalances_times_and_state_bit_for_
 def test_the_compiled_rebalance_stands_aside_for_overridden_hooks():
     """A subclass that changes one of the methods the compiled rebalance writes out gets the Python
     version, so its change takes effect."""
-    from emulator import links as links_module
-    from emulator.transport import TcpTransport
+    from emulator.flows import links as links_module
+    from emulator.flows.transport import TcpTransport
 
     class Slower(TcpTransport):
         def next_event(self, flow, now):

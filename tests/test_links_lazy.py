@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.links import simulate
+from emulator.flows.links import simulate
 from flow_scenarios import workload
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "flow_reference.json").read_text())
@@ -28,7 +28,7 @@ def test_arrivals_are_the_eager_models(key):
 
 
 def test_time_moves_without_visiting_flows_and_a_look_catches_up():
-    from emulator.links import FlowModel
+    from emulator.flows.links import FlowModel
     model = FlowModel({"server": 30.0, "a": 10.0, "b": 40.0})
     model.add("x", 100.0, ("a", "server"))
     model.add("y", 100.0, ("b", "server"))
@@ -42,8 +42,8 @@ def test_time_moves_without_visiting_flows_and_a_look_catches_up():
 
 
 def test_flows_starting_together_are_settled_once_with_the_rates_of_one_by_one():
-    from emulator.links import FlowModel
-    from emulator.transport import TcpParams, TcpTransport
+    from emulator.flows.links import FlowModel
+    from emulator.flows.transport import TcpParams, TcpTransport
 
     caps = {"server": 30.0, "a": 10.0, "b": 40.0, "c": 5.0}
     paths = {"x": ("a", "server"), "y": ("b", "server"), "z": ("c", "server")}

@@ -1,12 +1,12 @@
-"""Incremental max-min fair rates (emulator/maxmin.py): after every change they equal the
-from-scratch water-filling of emulator/links.py, on random topologies (hypothesis), and a star
+"""Incremental max-min fair rates (emulator/flows/maxmin.py): after every change they equal the
+from-scratch water-filling of emulator/flows/links.py, on random topologies (hypothesis), and a star
 (flows sharing one server link, each on its own access link) is updated without a full solve."""
 import math
 
 from hypothesis import given, settings, strategies as st
 
-from emulator.links import max_min_rates
-from emulator.maxmin import IncrementalMaxMin, _SortedCaps
+from emulator.flows.links import max_min_rates
+from emulator.flows.maxmin import IncrementalMaxMin, _SortedCaps
 
 LINKS = ["server", "cell0", "cell1", "a0", "a1", "a2", "a3", "a4", "a5", "open"]
 

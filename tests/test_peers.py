@@ -7,8 +7,10 @@ import msgpack
 import pytest
 import zmq
 
-from emulator.links import INF
-from emulator.network import CONDUCTOR, Link, Network, NetworkConfig
+from emulator.flows.links import INF
+from emulator.clock import FlowStart, Tick
+from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
+from emulator.network import Network
 from emulator.peers import PeerGuard, identity_label
 from protocol import envelope
 
@@ -115,7 +117,7 @@ def test_acting_for_others_is_refused():
                                                device=None, shared=0)))
     assert net.guard.counts()["total"] - before == 7
     assert not net.stopping and not net.dead
-    assert [e for e in net.queue if e[5][0] in ("tick", "flow_start")] == []
+    assert [e for e in net.queue if isinstance(e[5], (Tick, FlowStart))] == []
     # and a hold is released only by the peer of the actor it belongs to
     hold = 99
     net.holds[hold] = ("server", 0.0)  # what delivering the server's start leaves

@@ -6,7 +6,8 @@ import io
 import msgpack
 import zmq
 
-from emulator.network import CONDUCTOR, Link, Network, NetworkConfig
+from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
+from emulator.network import Network
 from node.runtime import Runtime
 from protocol import envelope
 

@@ -13,7 +13,8 @@ import pytest
 import zmq
 
 from conftest import read_csv, run_cli, write_scenario
-from emulator.network import CONDUCTOR, Link, Network, NetworkConfig
+from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
+from emulator.network import Network
 from node.actor import Message, Reaction
 from node.client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
 from node.data import synthetic

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from emulator.links import FlowModel, simulate
-from emulator.transport import (TcpParams, TcpTransport, after_loss, cubic_window, idle_restart, recovery_delay,
+from emulator.flows.links import FlowModel, simulate
+from emulator.flows.transport import (TcpParams, TcpTransport, after_loss, cubic_window, idle_restart, recovery_delay,
                                 rto)
 
 SEG = 1514 * 8.0  # link bits of a full segment (1448 payload + 66 header bytes)
@@ -331,7 +331,7 @@ def test_next_event_is_the_earliest_of_its_candidate_times():
 
     import numpy as np
 
-    from emulator.transport import EPS_BITS, INF, Connection, TcpState
+    from emulator.flows.transport import EPS_BITS, INF, Connection, TcpState
 
     def reference(flow, st, now):
         rate, times = flow.rate, []

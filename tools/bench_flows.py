@@ -1,7 +1,7 @@
 """The flow model's rate update: F concurrent flows through one server link, each also on its own
 access link (a round's uploads), and one flow finishing. Times (a) the from-scratch max-min
-solution of the remaining flows (emulator/links.py max_min_fill, what FlowModel does at every
-flow start and end today) and (b) the incremental update (emulator/maxmin.py: remove the flow,
+solution of the remaining flows (emulator/flows/links.py max_min_fill, what FlowModel does at every
+flow start and end today) and (b) the incremental update (emulator/flows/maxmin.py: remove the flow,
 find the new water level) after which every flow's rate reads in O(1); both medians over many
 finishing flows, measured in this run, and their ratio. A star with a second shared link (a
 cell behind the server) is timed too, where the incremental model solves that component again.
@@ -9,8 +9,8 @@ cell behind the server) is timed too, where the incremental model solves that co
 A third case times what the network's tcp model does in a flagship round (edge_1000's links:
 130 clients download the 6.6 MB model through the server's 1 Gbit/s uplink and, after training,
 upload it through its 300 Mbit/s ingress, with slow start, queues and loss), run through
-`emulator.links.simulate` twice in this run: with the compiled max-min filling and rebalance
-(emulator/_flowfill.c) and with the Python ones. Both must give the same arrival times, bit for bit.
+`emulator.flows.links.simulate` twice in this run: with the compiled max-min filling and rebalance
+(emulator/flows/_flowfill.c) and with the Python ones. Both must give the same arrival times, bit for bit.
 
 Usage: python tools/bench_flows.py [--flows 10000] [--json]
 --json prints one object: flows, scratch_ms, incremental_ms, speedup (and the same for the cell
@@ -28,10 +28,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from emulator import links  # noqa: E402
-from emulator.links import FlowModel, max_min_fill, simulate  # noqa: E402
-from emulator.transport import TcpTransport  # noqa: E402
-from emulator.maxmin import IncrementalMaxMin  # noqa: E402
+from emulator.flows import links  # noqa: E402
+from emulator.flows.links import FlowModel, max_min_fill, simulate  # noqa: E402
+from emulator.flows.transport import TcpTransport  # noqa: E402
+from emulator.flows.maxmin import IncrementalMaxMin  # noqa: E402
 
 
 def star(flows: int, rng: np.random.Generator, cell: bool) -> tuple[dict, dict]:
@@ -105,7 +105,7 @@ def measure_tcp_round(clients: int) -> dict:
     of three each. `fills`: the rebalances of the round (each fills max-min rates once)."""
     compiled, rebalance = links._compiled_fill, links._compiled_rebalance
     if compiled is None or rebalance is None:
-        return {"clients": clients, "compiled_s": None, "python_s": None, "speedup": None, "note": "emulator/_flowfill.c not built"}
+        return {"clients": clients, "compiled_s": None, "python_s": None, "speedup": None, "note": "emulator/flows/_flowfill.c not built"}
     times: dict[str, list[float]] = {"compiled": [], "python": []}
     results = {}
     calls = {"n": 0}

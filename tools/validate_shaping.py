@@ -44,8 +44,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from emulator.links import FlowModel, Framing, simulate  # noqa: E402
-from emulator.transport import TcpParams, TcpTransport  # noqa: E402
+from emulator.flows.links import FlowModel, Framing, simulate  # noqa: E402
+from emulator.flows.transport import TcpParams, TcpTransport  # noqa: E402
 
 ADDR_A, ADDR_B = "10.213.7.1", "10.213.7.2"
 PORT_TCP, PORT_ZMQ = 47011, 47012

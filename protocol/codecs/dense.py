@@ -7,11 +7,10 @@ import sys
 import numpy as np
 
 from ..bitpack import code_dtype, pack_lanes, packed_size, unpack_lanes
-try:  # the compiled kernels (setup.py); the numpy path below gives the same bytes without them
-    from .. import _kernels
-except ImportError:  # pragma: no cover - depends on the install
-    _kernels = None
+from ..native import compiled
 from .base import Codec, CodecError, EncodedTensor, all_finite, expect_length, meta_int, register, require
+
+_kernels = compiled("protocol._kernels")  # the numpy path below gives the same bytes without it
 
 # max|x| + machine epsilon, exactly as the paper's quantizer, so an all-zero slice gets a finite scale.
 ALPHA_EPSILON = 2.220446049250313e-16

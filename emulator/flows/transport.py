@@ -2,7 +2,7 @@
 messages on it, with no per-segment events.
 
 A connection is one direction between two actors. It keeps its window across messages. A message
-is a flow (emulator/links.py) whose rate is its max-min fair share, capped by what the window lets
+is a flow (emulator/flows/links.py) whose rate is its max-min fair share, capped by what the window lets
 it send:
 
 - Slow start sends in rounds. Round k may send W_k segments as one burst at the fair share (Linux
@@ -121,7 +121,7 @@ def recovery_delay(rtt: float, segments_after: int) -> float:
 
 
 # ---- state ------------------------------------------------------------------------------------
-@dataclass(slots=True)  # slots: emulator/_flowfill.c reads and writes them in place
+@dataclass(slots=True)  # slots: emulator/flows/_flowfill.c reads and writes them in place
 class Connection:
     cwnd: float
     ssthresh: float = INF
@@ -136,7 +136,7 @@ class Connection:
     waiting: deque = field(default_factory=deque)
 
 
-@dataclass(slots=True)  # slots: emulator/_flowfill.c reads and writes them in place
+@dataclass(slots=True)  # slots: emulator/flows/_flowfill.c reads and writes them in place
 class TcpState:
     """The window state a flow carries while it sends (its connection holds what persists)."""
 

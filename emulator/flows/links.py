@@ -3,7 +3,7 @@
 A transfer of B wire bytes becomes link_bytes(B) bytes on the link (TCP/IP/Ethernet framing by
 default), is transmitted at the max-min fair rate of its path (rates recomputed whenever a flow
 starts or ends, as in SimGrid's flow-level model), and arrives one path latency after its last
-byte left. With a transport (emulator/transport.py), a flow's rate is further capped by its
+byte left. With a transport (emulator/flows/transport.py), a flow's rate is further capped by its
 connection's congestion window: the window is one more constraint in the same max-min filling,
 so capacity a window-limited flow cannot use goes to the others."""
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from protocol.native import compiled
+
 from .transport import EPS_BITS, Connection, TcpState, TcpTransport
 
-try:
-    from ._flowfill import max_min_fill as _compiled_fill
-    from ._flowfill import bind_types as _bind_types
-    from ._flowfill import rebalance as _compiled_rebalance
-except ImportError:  # not built (no C compiler at install): the Python filling, same numbers
-    _compiled_fill = _compiled_rebalance = _bind_types = None
+_flowfill = compiled("emulator.flows._flowfill")  # without it: the Python filling, the same numbers
+_compiled_fill = _flowfill.max_min_fill if _flowfill else None
+_compiled_rebalance = _flowfill.rebalance if _flowfill else None
+_bind_types = _flowfill.bind_types if _flowfill else None
 
 INF = math.inf
 
@@ -54,7 +54,7 @@ def max_min_fill(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hashable
                  override: Mapping[Hashable, float] | None = None) -> tuple[list[float], list[Hashable | None]]:
     """Max-min fair rates and, for each flow, the link whose saturation fixed its rate (None when
     nothing constrains it); a link's capacity is looked up in `override` first. The compiled
-    emulator/_flowfill.c when it is built (bit for bit the same numbers), else `max_min_fill_py`."""
+    emulator/flows/_flowfill.c when it is built (bit for bit the same numbers), else `max_min_fill_py`."""
     if _compiled_fill is not None:
         return _compiled_fill(paths, capacity, override)
     return max_min_fill_py(paths, capacity, override)
@@ -141,7 +141,7 @@ def max_min_fill_py(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hasha
     return rates, bottleneck
 
 
-@dataclass(slots=True)  # slots: emulator/_flowfill.c reads and writes them in place
+@dataclass(slots=True)  # slots: emulator/flows/_flowfill.c reads and writes them in place
 class Flow:
     path: tuple[Hashable, ...]
     remaining_bits: float
@@ -341,7 +341,7 @@ class FlowModel:
         return flow, self._rebalance()
 
     def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
-        """Every active flow's rate afresh: emulator/_flowfill.c's `rebalance` when it is built and
+        """Every active flow's rate afresh: emulator/flows/_flowfill.c's `rebalance` when it is built and
         none of the hooks it writes out is overridden, else `_rebalance_py` (the same numbers)."""
         if _compiled_rebalance is not None and _hooks_are_ours(type(self), type(self.transport)):
             return _compiled_rebalance(self, force)
@@ -352,7 +352,7 @@ class FlowModel:
         saturated link (hundreds of flows each time, most of the network's own work in a flagship
         round), so what `sync`, `TcpTransport.cap`, `TcpState.rtt` and `own_qdelay` compute is written
         out here, with the same float operations in the same order: a change to one of them must be
-        made here too, and in emulator/_flowfill.c's `rebalance`, which writes out this method."""
+        made here too, and in emulator/flows/_flowfill.c's `rebalance`, which writes out this method."""
         self.unsettled = False
         t, transport, qdelay = self.t, self.transport, self.qdelay
         standing, fill, capacity = self.excess, self.fill, self.capacity  # as of the last rebalance

@@ -1,4 +1,4 @@
-/* Max-min fair water-filling, emulator/links.py's `max_min_fill_py` compiled (and below it the flow
+/* Max-min fair water-filling, emulator/flows/links.py's `max_min_fill_py` compiled (and below it the flow
  * model's rebalance around it).
  *
  * The same algorithm with the same double operations in the same order (built with
@@ -305,7 +305,7 @@ done:
 
 /* ---- FlowModel._rebalance ------------------------------------------------------------------
  *
- * emulator/links.py's `FlowModel._rebalance_py` compiled: the sync of every active flow, the window
+ * emulator/flows/links.py's `FlowModel._rebalance_py` compiled: the sync of every active flow, the window
  * caps, the filling above, then each flow's bottleneck, TcpTransport.after_rates, the next event
  * (FlowModel._schedule, TcpTransport.next_event), the links' load and the standing queues
  * (_excess_of, _add_excess, _link_queue). The same double operations in the same order, on the
@@ -325,7 +325,7 @@ done:
 NAMES(DECLARE)
 #undef DECLARE
 
-static const double EPS_BITS = 1e-6; /* emulator/transport.py's EPS_BITS */
+static const double EPS_BITS = 1e-6; /* emulator/flows/transport.py's EPS_BITS */
 static PyObject *ONE;
 
 static int is_phase(PyObject *phase, PyObject *name) {

@@ -1,0 +1,93 @@
+"""Checkpoints of the network process: taken at an instant when nothing is under way, written with
+every peer's part into a staging folder, and restored from it when a run resumes."""
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import shutil
+from typing import Any
+
+from protocol import envelope
+
+from .clock import peek
+from .netconfig import CONDUCTOR
+
+
+class Checkpoints:
+    def __init__(self, net: Any):
+        self.net = net  # the network process whose parts are saved (emulator/network.py)
+        self.waiting: set[str] = set()  # peers still writing their part of a checkpoint
+        self.failed: list[str] = []
+        self.round = -1
+
+    def begin(self, sock: Any, round_: int) -> None:
+        """A checkpoint of the run at this instant: every event before it is done, and (the lower
+        bound says so) no actor can still send anything earlier. It is taken only when nothing is
+        under way: no transfer in flight and no actor working, so that every process's state is data.
+        Events already queued for later (timers, device changes, deliveries of finished transfers)
+        are part of the network's state."""
+        net = self.net
+        why = ("transfers in flight" if net.transfers.flows.flows else
+               f"{len(net.holds)} actors working" if net.holds else
+               "no checkpoint directory" if not net.cfg.checkpoint_dir else None)
+        if why:
+            net.to_conductor("report", {"type": "checkpoint_skipped", "round": round_, "t": net.now, "why": why})
+            return
+        staging = net.cfg.checkpoint_dir + ".new"
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+        self.round, self.failed = round_, []
+        self.waiting = {p for p, actors in net.peer_actors.items() if p != CONDUCTOR and not set(actors) <= net.dead}
+        for peer in sorted(self.waiting):
+            sock.send_multipart([peer.encode(), envelope.pack("snapshot", round=round_,
+                                                              path=os.path.join(staging, f"{peer}.pkl"))])
+        if not self.waiting:
+            self._finish()
+
+    def answered(self, peer: str, ok: bool, why: str | None) -> bool:
+        """A peer's part is written (or failed); False when it was not asked for one."""
+        if peer not in self.waiting:
+            return False
+        self.waiting.discard(peer)
+        if not ok:
+            self.failed.append(why)
+        if not self.waiting:
+            self._finish()
+        return True
+
+    def peer_lost(self, peer: str) -> None:
+        if peer in self.waiting:
+            self.answered(peer, False, f"{peer} was lost")
+
+    def _finish(self) -> None:
+        net = self.net
+        staging = net.cfg.checkpoint_dir + ".new"
+        if not self.failed:
+            try:
+                with open(os.path.join(staging, "network.pkl"), "wb") as f:
+                    pickle.dump(self.state(), f, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # a full disk must not end the run
+                self.failed.append(f"network: {type(exc).__name__}: {exc}")
+        if self.failed:
+            shutil.rmtree(staging, ignore_errors=True)
+            net.to_conductor("report", {"type": "checkpoint_skipped", "round": self.round, "t": net.now,
+                                        "why": "; ".join(self.failed)})
+        else:
+            net.to_conductor("report", {"type": "checkpoint", "round": self.round, "t": net.now, "dir": staging})
+
+    def state(self) -> dict[str, Any]:
+        net = self.net
+        return {**net.clock.state(), **net.transfers.state(), **net.timeline.state(),
+                "hold_ids": peek(net, "hold_ids"), "dead": net.dead}
+
+    def restore(self, path: str) -> None:
+        net = self.net
+        with open(path, "rb") as f:
+            state = pickle.load(f)
+        net.clock.restore(state)
+        net.transfers.restore(state)
+        net.timeline.restore(state)
+        net.hold_ids = itertools.count(state["hold_ids"])
+        net.dead.clear()
+        net.dead.update(state["dead"])
