@@ -1,7 +1,7 @@
 """The emulated clock: one queue of typed events, the actors' holds that bound it, and (realtime
 mode) the wall clock it is paced against.
 
-Conservative discrete-event protocol (docs/design.md, "The clock"): an event at time t is processed
+Conservative discrete-event protocol (docs/design.md 3): an event at time t is processed
 only while t is strictly below every actor's lower bound (an unanswered delivery, or a declared
 busy-until). Everything an actor can still send therefore arrives before any event it could precede,
 and ties are broken by a key made of (time, event order, actor name, per-actor counter, sub-index),

@@ -1,4 +1,4 @@
-"""The actors' holds on the emulated clock (DESIGN.md 3): a delivery the actor has not answered
+"""The actors' holds on the emulated clock (docs/design.md 3): a delivery the actor has not answered
 yet, or the busy-until it declared. The network may only run an event that no held actor can
 still precede; this is the bookkeeping that answers that question in O(log H), not O(H).
 

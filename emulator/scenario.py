@@ -361,7 +361,7 @@ class CodecTimeSpec(Strict):
 
 
 class Firma(Strict):
-    """FibFL, FibFL+, FibFL++ (ALGORITHMS.md part 2); defaults are the released code's FIBFL_CFG."""
+    """FibFL, FibFL+, FibFL++ (docs/algorithms.md part 2); defaults are the released code's FIBFL_CFG."""
     variant: Literal["fibfl", "fibfl+", "fibfl++"] = "fibfl++"
     epochs_head: int = Field(1, ge=0, description="E_h: head-only epochs per round")
     epochs_extractor: int = Field(20, ge=0, description="E_e: extractor-only epochs per round")

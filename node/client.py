@@ -1,6 +1,6 @@
 """The client actor: receive the global model, declare the modelled training time, train for
 real (with the core paper's local DP when configured), send the model back with this round's
-bit-length. The order is Algorithm 1 of ALGORITHMS.md 1.1: dequantize, train with clipping,
+bit-length. The order is Algorithm 1 of docs/algorithms.md 1.1: dequantize, train with clipping,
 add noise to the weights, quantize, upload."""
 from __future__ import annotations
 
@@ -345,7 +345,7 @@ class ClientActor(Checkpointable):
         chosen = np.sort(self.indices[pick])
         return chosen, self.fixed_order[np.isin(self.fixed_order, chosen)]
 
-    # ---- FedAlign (ALGORITHMS.md 3.1) ------------------------------------------------------------
+    # ---- FedAlign (docs/algorithms.md 3.1) ------------------------------------------------------------
     def _send_statistics(self, task: Message) -> Reaction:
         """Step 2: moments of this round's unsampled data, clipped and noised, to the server. The
         task waits here for the global moments. Their computation is not given emulated time (one

@@ -370,7 +370,7 @@ def by_user_labels(users: int, classes: int) -> list[tuple[int, int]]:
 
 
 def partition_by_user(labels: np.ndarray, clients: int, users: int = 1000, seed: int = 0, size_sigma: float = 1.0) -> list[np.ndarray]:
-    """The FedML MNIST split rebuilt from the training set (ALGORITHMS.md 1.7): `users` users with
+    """The FedML MNIST split rebuilt from the training set (docs/algorithms.md 1.7): `users` users with
     two labels each, then user j merged into client j mod N.
 
     Each label's samples are shuffled (numpy seed `seed`) and cut among the users holding it into
@@ -403,7 +403,7 @@ def partition_by_user(labels: np.ndarray, clients: int, users: int = 1000, seed:
 
 def partition_label_skew(labels: np.ndarray, clients: int, k: int, rng: np.random.Generator,
                          primary: float = 0.55, secondary: float = 0.20, rest: float = 0.03) -> list[np.ndarray]:
-    """FIRMA's label skew (ALGORITHMS.md 2.6): client i's primary classes are cyc[iK : iK+K] and its
+    """FIRMA's label skew (docs/algorithms.md 2.6): client i's primary classes are cyc[iK : iK+K] and its
     secondary ones cyc[iK+K : iK+2K+1] of the cycled class list. With B = max(20, floor(n/N)) it
     takes floor(primary B) samples from EACH primary class, floor(secondary B) from each secondary
     class and floor(rest B) from each other class, in client order, from one shuffled pool per
@@ -428,7 +428,7 @@ def partition_label_skew(labels: np.ndarray, clients: int, k: int, rng: np.rando
 
 
 def partition_dirichlet_fedml(labels: np.ndarray, clients: int, alpha: float, min_size: int = 10, seed: int = 10) -> list[np.ndarray]:
-    """FedML's LDA split (partition_method=hetero, ALGORITHMS.md 1.7): numpy's legacy generator
+    """FedML's LDA split (partition_method=hetero, docs/algorithms.md 1.7): numpy's legacy generator
     seeded with `seed`; per class, p ~ Dir(alpha 1_N), p_j set to 0 for clients that already hold
     n/N samples, renormalised, cut by cumsum; the whole draw repeated until every client has
     min_size samples; each client's indices shuffled."""
@@ -458,7 +458,7 @@ def partition_dirichlet_fedml(labels: np.ndarray, clients: int, alpha: float, mi
 
 
 def partition_dirichlet_floor(labels: np.ndarray, clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
-    """FIRMA's Dirichlet split (ALGORITHMS.md 2.6): per class, p ~ Dir(alpha 1_N), client j gets
+    """FIRMA's Dirichlet split (docs/algorithms.md 2.6): per class, p ~ Dir(alpha 1_N), client j gets
     floor(p_j n_c) samples and the last client the remainder. No redraw."""
     classes = np.unique(labels)
     parts: list[list[np.ndarray]] = [[] for _ in range(clients)]

@@ -1,4 +1,4 @@
-"""The pure math of FedAlign (ALGORITHMS.md part 3): the four moments of a client's unsampled
+"""The pure math of FedAlign (docs/algorithms.md part 3): the four moments of a client's unsampled
 data, their clipping and Gaussian noise, the server's weighted aggregate, the alignment of the
 sampled data to the global moments, and the clipped, noised update.
 

@@ -1,4 +1,4 @@
-"""The pure math of the FIRMA ring family (ALGORITHMS.md part 2): Fibonacci neighbour weights,
+"""The pure math of the FIRMA ring family (docs/algorithms.md part 2): Fibonacci neighbour weights,
 the accuracy gate, the gossip blend, the cosine retention schedule, 2-opt ring ordering.
 
 Nothing here knows about actors or sockets; the ring client (node/ring.py) calls these."""

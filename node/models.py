@@ -9,7 +9,7 @@ from .layers import conv2d, hooked, relu_max_pool
 
 
 class MnistCNN(nn.Module):
-    """CNN_OriginalFedAvg (ALGORITHMS.md 1.7): 1,663,370 parameters for 1x28x28 inputs."""
+    """CNN_OriginalFedAvg (docs/algorithms.md 1.7): 1,663,370 parameters for 1x28x28 inputs."""
 
     def __init__(self, in_channels: int = 1, classes: int = 10, side: int = 28):
         super().__init__()
@@ -42,7 +42,7 @@ class MLP(nn.Module):
 
 
 class VGG7(nn.Module):
-    """VGG7(bn=True) of ALGORITHMS.md 1.7: 4 conv + 3 FC, 325,002 trainable parameters for 3x32x32."""
+    """VGG7(bn=True) of docs/algorithms.md 1.7: 4 conv + 3 FC, 325,002 trainable parameters for 3x32x32."""
 
     def __init__(self, in_channels: int = 3, classes: int = 10):
         super().__init__()
@@ -64,7 +64,7 @@ class VGG7(nn.Module):
 
 
 class FirmaMLP(nn.Module):
-    """The FIRMA model of ALGORITHMS.md 2.1: a shared extractor (784-256-256-128 with LayerNorm)
+    """The FIRMA model of docs/algorithms.md 2.1: a shared extractor (784-256-256-128 with LayerNorm)
     and a private linear head. Inputs in [0, 1] are normalised with (0.5, 0.5) inside, as the
     paper's loaders do."""
 

@@ -1,4 +1,4 @@
-"""Local differential privacy of the core paper (ALGORITHMS.md 1.5) as pure functions:
+"""Local differential privacy of the core paper (docs/algorithms.md 1.5) as pure functions:
 gradient clipping (Eq. 1.8), the local Lipschitz estimate (Eq. 1.9), the sensitivity (Eq. 1.10)
 and the output-perturbation noise on the weights (Eq. 1.11)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The serverless ring client of the FIRMA family (FibFL, FibFL+, FibFL++; ALGORITHMS.md part 2).
+"""The serverless ring client of the FIRMA family (FibFL, FibFL+, FibFL++; docs/algorithms.md part 2).
 
 Each client owns its model and its persistent Adam optimizers. A round is: local training
 (two-phase, or full-model during FibFL++'s warm-up), then K gossip passes in which it sends its

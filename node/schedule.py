@@ -1,4 +1,4 @@
-"""Bit-length schedules of the core paper (ALGORITHMS.md 1.3-1.4) as pure functions.
+"""Bit-length schedules of the core paper (docs/algorithms.md 1.3-1.4) as pure functions.
 
 Download uses the server schedule (Eq. 1.5), upload the client schedule (Eq. 1.6), which scales
 the cosine by the client's importance nu_i (Eq. 1.7) in the dynamic mode."""

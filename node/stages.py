@@ -1,6 +1,6 @@
 """Client-side stages around local training (in the spirit of Flower's mods): a stage may change
 how a client trains and what it does with the trained model before it is encoded. The core
-paper's local DP is one (Algorithm 1 of ALGORITHMS.md 1.1: clip while training, estimate the
+paper's local DP is one (Algorithm 1 of docs/algorithms.md 1.1: clip while training, estimate the
 Lipschitz constant, noise the weights); compression is the upload channel (node/channel.py)."""
 from __future__ import annotations
 

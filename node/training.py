@@ -145,7 +145,7 @@ def evaluate(model: nn.Module, data: Dataset, max_samples: int | None = None, ba
 def train_part(model: nn.Module, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, data: Dataset,
                indices: np.ndarray, epochs: int, batch_size: int, rng: np.random.Generator) -> float:
     """Epochs of cross-entropy that update only `params` with the caller's (persistent) optimizer;
-    every other parameter is frozen meanwhile (ALGORITHMS.md 2.2). Returns the last epoch's mean loss."""
+    every other parameter is frozen meanwhile (docs/algorithms.md 2.2). Returns the last epoch's mean loss."""
     model.train()
     device = device_of(model)
     trainable = {id(p) for p in params}

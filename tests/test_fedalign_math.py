@@ -1,4 +1,4 @@
-"""FedAlign's pure math (ALGORITHMS.md part 3) against hand-computed values."""
+"""FedAlign's pure math (docs/algorithms.md part 3) against hand-computed values."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The core paper's equations (ALGORITHMS.md part 1) against hand-computed values."""
+"""The core paper's equations (docs/algorithms.md part 1) against hand-computed values."""
 import math
 
 import numpy as np

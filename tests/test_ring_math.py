@@ -1,4 +1,4 @@
-"""The FIRMA ring family's pure math (ALGORITHMS.md part 2) against hand-computed values."""
+"""The FIRMA ring family's pure math (docs/algorithms.md part 2) against hand-computed values."""
 import itertools
 import math
 

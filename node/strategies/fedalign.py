@@ -1,4 +1,4 @@
-"""FedAlign's server side (ALGORITHMS.md part 3): before training, every selected client sends
+"""FedAlign's server side (docs/algorithms.md part 3): before training, every selected client sends
 the noised moments of its unsampled data; when all are in, the server sends their aggregate
 back, and the clients train on data aligned to it. Updates then combine as FedAvg's, with the
 server step eta of Eq. 3.7."""
@@ -22,7 +22,7 @@ class FedAlign(FedAvg):
     message_kinds = ("stats",)
 
     class Options(FedAvg.Options):
-        """FedAlign (ALGORITHMS.md part 3). The paper's values were not recovered; these defaults are ours."""
+        """FedAlign (docs/algorithms.md part 3). The paper's values were not recovered; these defaults are ours."""
         sample_fraction: float = Field(0.8, gt=0, lt=1, description="|S_k|/|D_k|: share of a client's data trained on each round")
         rho: float = Field(1.0, gt=0, le=1, description="share of the unsampled part U_k used for the statistics")
         granularity: Literal["channel", "dimension"] = Field("channel", description="moments per colour channel or per input dimension")

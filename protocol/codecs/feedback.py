@@ -1,5 +1,5 @@
 """Error feedback: the sender keeps what compression dropped and adds it to its next update
-(e <- (d + e) - C(d + e); ALGORITHMS.md part 4)."""
+(e <- (d + e) - C(d + e); docs/algorithms.md part 4)."""
 from __future__ import annotations
 
 from typing import Mapping

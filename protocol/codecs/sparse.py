@@ -1,4 +1,4 @@
-"""Sparsifying codecs for model updates: top-k and random-k (ALGORITHMS.md part 4)."""
+"""Sparsifying codecs for model updates: top-k and random-k (docs/algorithms.md part 4)."""
 from __future__ import annotations
 
 import math
