@@ -12,7 +12,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.codecs import CodecError, make_codec
+from node.data import DATASETS
 from node.device import check_spec
+from node.models import MODELS, user_model
+from node.plugins import PluginError, is_import_path, resolve_callable
+from node.selection import Oort, Selector, selector_class
 from node.strategies import REGISTRY, StrategyError, strategy_class
 from node.strategies.fedalign import FedAlign
 
@@ -140,10 +144,15 @@ class Synthetic(Strict):
 
 
 class Task(Strict):
-    dataset: Literal["mnist", "fashion_mnist", "cifar10", "femnist", "shakespeare", "synthetic"] = Field(
-        description="read from data_root: MNIST and Fashion-MNIST in torchvision's raw layout, CIFAR-10 as "
-                    "cifar-10-batches-py, FEMNIST and Shakespeare as LEAF's JSON (NAME/data/train and test)")
-    model: Literal["mnist_cnn", "mlp", "vgg7", "firma_mlp", "char_lstm"] = "mnist_cnn"
+    dataset: str = Field(
+        description="read from data_root: mnist and fashion_mnist in torchvision's raw layout, cifar10 as "
+                    "cifar-10-batches-py, femnist and shakespeare as LEAF's JSON (NAME/data/train and test); synthetic; "
+                    "or your own loader as package.module:loader, called as loader(data_root, **dataset_options) and "
+                    "returning (train, test) torch Datasets of (input tensor, int label)")
+    dataset_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of your own loader")
+    model: str = Field("mnist_cnn", description=f"{', '.join(MODELS)}, or your own factory as package.module:factory, "
+                                                "called as factory(**model_options) and returning a torch.nn.Module")
+    model_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of your own model factory")
     partition: Partition = Field(default_factory=Partition)
     feature_noise: float = Field(
         0.0, ge=0, description="feature skew: client i of N trains on inputs with fixed noise N(0, (this x (i+1)/N)^2)")
@@ -161,6 +170,36 @@ class Task(Strict):
     def _device(cls, v):
         return check_spec(v)
 
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v):
+        if is_import_path(v):
+            resolve_callable(v)  # a PluginError is a ValueError: one line naming the key
+        elif v not in DATASETS:
+            raise ValueError(f"unknown dataset; use one of {', '.join(DATASETS)} or package.module:loader")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v):
+        if not is_import_path(v) and v not in MODELS:
+            raise ValueError(f"unknown model; use one of {', '.join(MODELS)} or package.module:factory")
+        return v
+
+    @model_validator(mode="after")
+    def _own_components(self):
+        """Options only for your own components; your factory must give a torch.nn.Module."""
+        for key in ("dataset", "model"):
+            if getattr(self, f"{key}_options") and not is_import_path(getattr(self, key)):
+                raise ValueError(f"task.{key}_options: keyword arguments of your own {key} (package.module:name), "
+                                 f"not of {getattr(self, key)}")
+        if is_import_path(self.model):
+            try:
+                user_model(self.model, self.model_options)
+            except PluginError as exc:
+                raise ValueError(f"task.model: {exc}") from None
+        return self
+
     @model_validator(mode="after")
     def _writers(self):
         leaf = self.dataset in ("femnist", "shakespeare")
@@ -168,7 +207,7 @@ class Task(Strict):
             raise ValueError(f"task.partition.kind: {self.dataset} comes split by writer; use kind: natural, got {self.partition.kind!r}")
         if self.partition.kind == "natural" and not leaf:
             raise ValueError(f"task.partition.kind natural splits LEAF data by writer; {self.dataset} has no writers")
-        if (self.model == "char_lstm") != (self.dataset == "shakespeare"):
+        if (self.model == "char_lstm") != (self.dataset == "shakespeare") and not is_import_path(self.model):
             raise ValueError(f"task.model: char_lstm is the model for shakespeare (characters in, the next one out), "
                              f"got model {self.model!r} on {self.dataset!r}")
         return self
@@ -198,25 +237,12 @@ class Hierarchy(Strict):
     codec: CodecSpec = Field(default_factory=lambda: CodecSpec(name="fp32"), description="edge <-> cloud, both ways")
 
 
-class OortSpec(Strict):
-    """Oort (Lai et al., OSDI 2021); defaults are the paper's and its released code's."""
-    preferred_duration_s: Optional[float] = Field(
-        None, gt=0, description="T: clients slower than this are penalised; null: the median expected duration of the "
-                                "first checked-in pool (or of the first clients tried)")
-    alpha: float = Field(2.0, ge=0, description="penalty exponent of (T / duration)")
-    exploration: float = Field(0.9, ge=0, le=1, description="epsilon: share of slots for never-tried clients, at round 0")
-    exploration_decay: float = Field(0.98, gt=0, le=1, description="epsilon is multiplied by this each round...")
-    exploration_min: float = Field(0.3, ge=0, le=1, description="...down to this")
-    cutoff: float = Field(0.95, gt=0, le=1, description="exploit among clients scoring at least this times the k-th best")
-    staleness_bonus: float = Field(0.1, ge=0, description="c of the bonus sqrt(c ln R / L) for clients not picked lately")
-    pacer_window: int = Field(20, ge=1, description="W: compare the utility of the last W rounds with the W before")
-    pacer_delta_s: Optional[float] = Field(None, gt=0, description="T grows by this when utility falls; null: T / 10")
-
-
 class Selection(Strict):
     clients_per_round: Optional[int] = Field(None, ge=1, description="P; or give fraction")
     fraction: Optional[float] = Field(None, gt=0, le=1, description="P = max(1, round(fraction * clients))")
-    policy: Literal["random", "resource_aware", "fastest", "oort"] = "random"
+    policy: str = Field("random", description="random, resource_aware, fastest, oort, or your own Selector subclass as "
+                                              "package.module:Class (its options in selection.options)")
+    options: dict[str, Any] = Field(default_factory=dict, description="your own selection policy's options")
     over_selection: float = Field(1.0, ge=1, description="ask ceil(P * this) clients")
     checkin: bool = Field(False, description="clients check in when they come online; only they can be selected")
     checkin_wait_s: float = Field(5.0, ge=0, description="collect check-ins this long before a round with nobody to ask")
@@ -224,7 +250,7 @@ class Selection(Strict):
     max_cpu_load: float = Field(1.0, ge=0, le=1, description="resource_aware")
     min_up_mbps: float = Field(0.0, ge=0, description="resource_aware")
     explore: float = Field(0.1, ge=0, le=1, description="fastest: share of the selection drawn at random")
-    oort: OortSpec = Field(default_factory=OortSpec, description="policy oort's parameters")
+    oort: Oort.Options = Field(default_factory=Oort.Options, description="policy oort's parameters")
     min_clients: int = Field(1, ge=1, description="a round needs this many eligible clients (checked in, meeting the thresholds)")
     wait_s: float = Field(300.0, ge=0, description="with fewer, wait this long (emulated, for check-ins), then run with "
                                                    "whoever is eligible or skip the round (no_eligible_clients incident)")
@@ -234,6 +260,37 @@ class Selection(Strict):
         if (self.clients_per_round is None) == (self.fraction is None):
             raise ValueError("give exactly one of clients_per_round and fraction")
         return self
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v):
+        selector_class(v)  # a PluginError is a ValueError: one line naming the key
+        return v
+
+    @model_validator(mode="after")
+    def _policy_options(self):
+        """Your own policy's options are selection.options; a built-in one's are its own keys here."""
+        if self.options and not is_import_path(self.policy):
+            raise ValueError(f"selection.options: the options of your own policy (package.module:Class); "
+                             f"{self.policy}'s are keys of selection")
+        try:
+            self.build_selector()
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"selection.options.{'.'.join(str(p) for p in e['loc'])}: {_friendly(e['msg'])}"
+                                       for e in exc.errors())) from None
+        return self
+
+    def build_selector(self) -> Selector:
+        """The policy with its options: selection.options for your own; for a built-in one, the keys of
+        selection named as its options' fields, or the mapping selection.<policy> (oort's)."""
+        cls = selector_class(self.policy)
+        fields = type(self).model_fields
+        if is_import_path(self.policy):
+            return cls(self.options)
+        own = getattr(self, cls.name) if cls.name in fields else None
+        if isinstance(own, BaseModel):
+            return cls(own.model_dump())
+        return cls({k: getattr(self, k) for k in cls.Options.model_fields if k in fields})
 
     def per_round(self, clients: int) -> int:
         return self.clients_per_round or max(1, round(self.fraction * clients))
@@ -469,7 +526,8 @@ class Algorithm(Strict):
         try:
             cls = strategy_class(self.name)
         except StrategyError as exc:
-            raise ValueError(f"name: {exc}, or {', '.join(RING_ALGORITHMS)} on a ring") from None
+            ring = "" if is_import_path(self.name) else f", or {', '.join(RING_ALGORITHMS)} on a ring"
+            raise ValueError(f"name: {exc}{ring}") from None
         if cls.options_key != "options":
             if self.options:
                 raise ValueError(f"options: {self.name}'s options are algorithm.{cls.options_key}")
@@ -641,9 +699,9 @@ class Scenario(Strict):
         if self.selection.over_selection != 1.0:
             raise ValueError(f"selection.over_selection: {name} keeps algorithm.options.concurrency clients training; "
                              f"over-selection does not apply")
-        if self.selection.policy == "oort":
-            raise ValueError(f"selection.policy: oort scores the clients of synchronous rounds; use random, "
-                             f"resource_aware or fastest with {name}")
+        if selector_class(self.selection.policy).rounds_only:
+            raise ValueError(f"selection.policy: {self.selection.policy} scores the clients of synchronous rounds; use "
+                             f"random, resource_aware or fastest with {name}")
         if self.algorithm.quantization.schedule != "static":
             raise ValueError(f"algorithm.quantization.schedule: {self.algorithm.quantization.schedule} follows "
                              f"synchronous rounds; use static with {name}")
@@ -705,7 +763,7 @@ class Scenario(Strict):
             if self.run.checkpoint_every is not None:
                 raise ValueError("run.checkpoint_every: a Flower app's state lives in its own Python objects; "
                                  "it cannot be checkpointed")
-            if self.selection.policy not in ("random", "resource_aware"):
+            if not selector_class(self.selection.policy).filters_only:
                 raise ValueError(f"selection.policy: a Flower strategy samples its own nodes; {self.selection.policy} "
                                  "does not apply (resource_aware's thresholds do: they filter the Grid's nodes)")
             pipeline = "the core paper's pipeline is not a Flower app's (use Flower's own DP mods)"
@@ -799,7 +857,11 @@ def format_errors(source: str, exc: ValidationError) -> str:
         got = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(err.get("input"), dict) else f", got {err.get('input')!r}"
         if err["type"] == "extra_forbidden":
             got = f" (value {err.get('input')!r})"
-        lines.append(f"{source}: {_path(loc)}: {msg}{got}")
+        where = _path(loc)
+        # a model validator's message that names its own key path (task.model: ...) is not prefixed twice
+        if loc and re.match(rf"{re.escape(where)}[.:\[]", msg):
+            where, msg = msg.split(": ", 1) if ": " in msg else (where, msg)
+        lines.append(f"{source}: {where}: {msg}{got}")
     return "\n".join(lines)
 
 

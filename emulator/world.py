@@ -15,7 +15,8 @@ from node.codec_cost import CodecTime, calibrate
 from node.device import DevicePlan
 from node.stages import Privacy
 from node.models import PRIVATE_PREFIX, training_flops
-from node.oort import OortParams
+from node.selection import Uniform
+from node.plugins import is_import_path
 from node.ring import RingConfig
 from node.strategies import Strategy, strategy_class
 from node.strategies.fedalign import FedAlign
@@ -103,13 +104,32 @@ def load_task(sc: Scenario) -> TaskSpec:
     t = sc.task
     try:
         train, test = datasets.load(
-            t.dataset, t.data_root, t.download,
+            t.dataset, t.data_root, t.download, t.dataset_options,
             samples=t.synthetic.samples, test_samples=t.synthetic.test_samples,
             shape=tuple(t.synthetic.shape), classes=t.synthetic.classes, seed=sc.seed,
         )
     except datasets.DataError as exc:
         raise ScenarioError(f"task.dataset: {exc}") from None
-    return TaskSpec(t.model, train, test, sc.seed)
+    task = TaskSpec(t.model, train, test, sc.seed, model_options=dict(t.model_options))
+    if is_import_path(t.model):
+        _check_user_model(task, t.dataset)
+    return task
+
+
+def _check_user_model(task: TaskSpec, dataset: str) -> None:
+    """A user's model takes two of the data set's inputs and gives a score per class: a mismatch is
+    the scenario's error, said before any process starts."""
+    import torch  # noqa: PLC0415
+
+    try:
+        with torch.no_grad():
+            out = task.build().eval()(task.train.batch(torch.arange(min(2, len(task.train.y))))[0])
+        shape = tuple(getattr(out, "shape", ()))
+        if len(shape) != 2 or shape[1] != task.train.classes:
+            raise ValueError(f"it gives outputs of shape {shape}, not (batch, {task.train.classes})")
+    except Exception as exc:  # the user's code: whatever it raises is reported in one line
+        raise ScenarioError(f"task.model: {task.model} does not fit the inputs of {dataset} "
+                            f"({task.train.input_shape}, {task.train.classes} classes): {exc}") from None
 
 
 def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
@@ -126,7 +146,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
                                        2.0 if part.size_sigma is None else part.size_sigma)
         except datasets.DataError as exc:
             raise ScenarioError(f"task.partition: {exc}") from None
-        task = TaskSpec(task.model, split.train, split.test, task.seed)
+        task = dataclasses.replace(task, train=split.train, test=split.test)
         shards = split.train_shards
         if sc.topology == "ring" or sc.eval.split == "clients":
             test_shards = split.test_shards
@@ -194,11 +214,11 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         eval_every=sc.eval.every if alg.train else 0, eval_max_samples=sc.eval.max_samples, round_timeout_s=sc.round.timeout_s,
         aggregate_s=sc.server.aggregate_ms / 1000.0, schedule=schedule,
         samples={c.profile.name: int(c.profile.indices.size) for c in clients},
-        selection=sc.selection.policy, over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
+        selector=sc.selection.build_selector(), over_selection=sc.selection.over_selection, round_policy=sc.round.policy,
         notify_closed=sc.round.notify_closed,
         checkin=sc.selection.checkin, checkin_wait_s=sc.selection.checkin_wait_s,
         min_clients=sc.selection.min_clients, wait_s=sc.selection.wait_s, checkpoint_every=sc.run.checkpoint_every,
-        selection_params=_selection_params(sc), strategy=strategy, oort=OortParams(**sc.selection.oort.model_dump()),
+        strategy=strategy,
         eval_shards=test_shards if sc.eval.split == "clients" else None,
         down_layers=alg.codec.down.build_layers(tensor_names),
     )
@@ -269,7 +289,7 @@ def _edges(sc: Scenario, clients: list[ClientInfo], server: ServerConfig, group_
 def _cloud_config(sc: Scenario, server: ServerConfig, edges: list[EdgeInfo]) -> ServerConfig:
     """The cloud server of a hierarchy: every edge every cloud round, FedAvg weighted by the edges' data."""
     return dataclasses.replace(
-        server, clients_per_round=len(edges), selection="random", selection_params={}, over_selection=1.0,
+        server, clients_per_round=len(edges), selector=Uniform(), over_selection=1.0,
         round_policy="all", round_timeout_s=None, checkin=False, min_clients=1, down_codec=edges[0].cloud_codec,
         down_layers={}, samples={e.name: sum(e.server.samples.values()) for e in edges}, strategy=FedAvg())
 
@@ -353,8 +373,7 @@ def _flower(sc: Scenario, server: ServerConfig) -> tuple:
         raise ScenarioError(f"algorithm.flower: {exc}") from None
     timeout = spec.timeout_s if spec.timeout_s is not None else sc.round.timeout_s
     return (FlowerServerConfig(ref, server.down_codec, sc.seed, server.aggregate_s, timeout, spec.samples_metric,
-                               spec.metrics.model_dump(), spec.log_level, sc.selection.checkin, sc.selection.policy,
-                               server.selection_params),
+                               spec.metrics.model_dump(), spec.log_level, sc.selection.checkin, server.selector),
             FlowerClientConfig(ref, alg.codec.up.build(), sc.seed, sc.population.clients, alg.local_epochs, alg.batch_size,
                                spec.samples_metric, spec.samples, spec.log_level, sc.selection.checkin))
 
@@ -408,15 +427,6 @@ def _speculate_share(sc: Scenario) -> float:
     of them count, and the ones left out are mostly those whose work is ready last."""
     over = sc.selection.over_selection
     return 1.0 / over if sc.round.policy == "first_k" and over > 1.0 else 1.0
-
-
-def _selection_params(sc: Scenario) -> dict[str, float]:
-    sel = sc.selection
-    if sel.policy == "resource_aware":
-        return {"min_battery": sel.min_battery, "max_cpu_load": sel.max_cpu_load, "min_up_mbps": sel.min_up_mbps}
-    if sel.policy == "fastest":
-        return {"explore": sel.explore}
-    return {}
 
 
 def _trace_records(path: str | None, key: str) -> list[tuple[str, dict]] | None:

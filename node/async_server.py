@@ -13,7 +13,7 @@ from protocol.codecs import CodecError, decode_state
 from .actor import Message, Reaction, Send
 from .server import CLIENT_FIELDS, ServerActor
 from .strategies import ClientUpdate
-from .strategy import select_clients
+from .selection import SelectionContext
 
 
 @dataclass
@@ -65,8 +65,8 @@ class AsyncServer(ServerActor):
             return Reaction()
         pool = {c: st for c, st in self.pool.items() if c not in self.down and c not in self.inflight}
         rng = np.random.default_rng([self.cfg.seed, 0xA5, self.dispatches])
-        chosen = select_clients(self.cfg.selection, pool, min(free, len(pool)), rng, epochs=self.cfg.epochs,
-                                down_bytes=self.model_bytes, up_bytes=self.model_bytes, **self.cfg.selection_params)
+        chosen = self.selector.select(pool, min(free, len(pool)),
+                                      SelectionContext(self.dispatches, rng, self.cfg.epochs, self.model_bytes))
         if not chosen:
             if not self.inflight and not self.cfg.checkin:  # every client is lost: nothing can happen any more
                 return self._finish(t, "no client left to dispatch")

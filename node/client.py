@@ -67,9 +67,11 @@ class TaskSpec:
     seed: int
     plan: DevicePlan = field(default_factory=DevicePlan)  # where hosts train (resolved in each host)
     device: str = "cpu"  # where this process's models and data live, once resolved
+    model_options: dict[str, Any] = field(default_factory=dict)  # a user's model factory's keyword arguments
 
     def build(self, seed: int | None = None) -> torch.nn.Module:
-        model = build_model(self.model, self.train.input_shape, self.train.classes, seed=self.seed if seed is None else seed)
+        model = build_model(self.model, self.train.input_shape, self.train.classes, seed=self.seed if seed is None else seed,
+                            options=self.model_options)
         return model.to(self.device) if self.device != "cpu" else model
 
     def on(self, device: str) -> "TaskSpec":

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+
+from .plugins import PluginError, is_import_path, resolve_callable
 
 DATASETS = ("mnist", "fashion_mnist", "cifar10", "femnist", "shakespeare", "synthetic")
 LEAF = ("femnist", "shakespeare")  # LEAF's JSON: the data come split by writer
@@ -241,9 +245,13 @@ def synthetic(samples: int, test_samples: int, shape: tuple[int, ...], classes: 
     return draw(samples), draw(test_samples)
 
 
-def load(name: str, root: str | Path | None, download: bool = False, **synthetic_args) -> tuple[Dataset, Dataset]:
+def load(name: str, root: str | Path | None, download: bool = False, options: dict | None = None,
+         **synthetic_args) -> tuple[Dataset, Dataset]:
+    """A data set by its name, or a user's loader named "package.module:loader"."""
     if name == "synthetic":
         return synthetic(**synthetic_args)
+    if is_import_path(name):
+        return load_user(name, Path(root) if root else default_data_root(), options or {})
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     folder = Path(root) if root else default_data_root()
@@ -252,6 +260,63 @@ def load(name: str, root: str | Path | None, download: bool = False, **synthetic
     if name in LEAF:
         return read_leaf(folder, name)
     return _torchvision(name, folder, download)
+
+
+def load_user(path: str, root: Path, options: dict) -> tuple[Dataset, Dataset]:
+    """loader(root, **options) must return (train, test), each a torch.utils.data.Dataset of
+    (input tensor, int label) pairs; they become tensors once, here. Inputs keep their dtype (uint8
+    ones are scaled to [0, 1] per batch, as the built-in images are); labels come from `.targets`
+    when the data set has it, else from its pairs."""
+    try:
+        loader = resolve_callable(path)
+    except PluginError as exc:
+        raise DataError(str(exc)) from None
+    try:
+        pair = loader(str(root), **options)
+    except Exception as exc:  # the user's code: whatever it raises is reported in one line
+        raise DataError(f"{path!r}: {path.partition(':')[2]}(root, **dataset_options) raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise DataError(f"{path!r} returned a {type(pair).__name__}, not a (train, test) pair of data sets")
+    (x_train, y_train, k_train), (x_test, y_test, k_test) = (_tensors(ds, f"{path}: its {part} set")
+                                                             for ds, part in zip(pair, ("training", "test")))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise DataError(f"{path!r}: training inputs are {tuple(x_train.shape[1:])} but test inputs {tuple(x_test.shape[1:])}")
+    classes = max(k_train, k_test, int(y_train.max()) + 1, int(y_test.max()) + 1)
+    return Dataset(x_train, y_train, classes), Dataset(x_test, y_test, classes)
+
+
+def _tensors(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A map-style data set as (inputs, int64 labels, the class count it declares or 0)."""
+    if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
+        raise DataError(f"{where} is a {type(ds).__name__}, not a torch.utils.data.Dataset")
+    n = len(ds)
+    if n == 0:
+        raise DataError(f"{where} is empty")
+    inputs, labels = [], []
+    for i in range(n):
+        item = ds[i]
+        if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], torch.Tensor):
+            raise DataError(f"{where}: item {i} is {_describe(item)}, not an (input tensor, int label) pair")
+        try:
+            labels.append(operator.index(item[1].item() if isinstance(item[1], torch.Tensor) else item[1]))
+        except (TypeError, ValueError, RuntimeError):
+            raise DataError(f"{where}: item {i}'s label is {item[1]!r}, not an int") from None
+        inputs.append(item[0])
+    shapes = {tuple(x.shape) for x in inputs}
+    if len(shapes) != 1:
+        raise DataError(f"{where}: inputs of different shapes {sorted(shapes)[:3]}")
+    targets = getattr(ds, "targets", None)
+    y = torch.as_tensor(np.asarray(targets if targets is not None else labels), dtype=torch.int64).reshape(-1)
+    if y.numel() != n or int(y.min()) < 0:
+        raise DataError(f"{where}: .targets must hold one label >= 0 per sample ({n}), got {y.numel()} from {int(y.min())}")
+    declared = getattr(ds, "classes", None)
+    return torch.stack(inputs), y, len(declared) if isinstance(declared, (list, tuple)) else 0
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, (tuple, list)):
+        return f"a {len(item)}-item {type(item).__name__} of {', '.join(type(v).__name__ for v in item[:3])}"
+    return f"a {type(item).__name__}"
 
 
 def partition_iid(n_samples: int, clients: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -1,4 +1,4 @@
-"""Models named by scenarios."""
+"""Models named by scenarios: the built-in ones by name, a user's by the import path of its factory."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .layers import conv2d, hooked, relu_max_pool
+from .plugins import PluginError, is_import_path, resolve_callable
 
 
 class MnistCNN(nn.Module):
@@ -102,8 +103,13 @@ MODELS = ("mnist_cnn", "mlp", "vgg7", "firma_mlp", "char_lstm")
 PRIVATE_PREFIX = {"firma_mlp": "head."}
 
 
-def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int = 0) -> nn.Module:
+def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int = 0,
+                options: dict | None = None) -> nn.Module:
+    """A model by its registered name, or a user's factory named "package.module:factory" and
+    called as factory(**options) (the seed fixes its initialization as it does the built-in ones')."""
     torch.manual_seed(seed)
+    if is_import_path(name):
+        return user_model(name, options or {})
     if name == "mnist_cnn":
         if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
             raise ValueError(f"mnist_cnn needs square C x H x W inputs, got {input_shape}")
@@ -121,6 +127,18 @@ def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int
             raise ValueError(f"char_lstm needs sequences of character indices, got inputs of shape {input_shape}")
         return CharLSTM(classes, classes)
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+
+
+def user_model(path: str, options: dict) -> nn.Module:
+    """factory(**options) for the factory at `path`; PluginError names what went wrong."""
+    factory = resolve_callable(path)
+    try:
+        model = factory(**options)
+    except Exception as exc:  # the user's code: whatever it raises is reported in one line
+        raise PluginError(f"{path!r}: {path.partition(':')[2]}(**model_options) raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise PluginError(f"{path!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def state_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:

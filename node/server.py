@@ -16,8 +16,7 @@ from .strategies import ClientUpdate, RoundControl, Strategy
 from .strategies.base import Difference
 from .strategies.fedavg import FedAvg
 from .channel import Channel
-from .oort import OortParams, OortSelector
-from .strategy import eligible, expected_seconds, select_clients, shortfall
+from .selection import SelectionContext, Selector, Uniform
 from .training import accuracy_on, evaluate
 
 
@@ -36,9 +35,7 @@ class ServerConfig:
     aggregate_s: float = 0.0  # modelled aggregation time
     schedule: BitSchedule = field(default_factory=BitSchedule)
     samples: dict[str, int] = field(default_factory=dict)  # n_i of each client, for n_max (Eq. 1.7)
-    selection: str = "random"  # random | resource_aware | fastest | oort
-    oort: OortParams = field(default_factory=OortParams)  # selection oort's parameters
-    selection_params: dict[str, float] = field(default_factory=dict)
+    selector: Selector = field(default_factory=Uniform)  # selection.policy: who of the pool takes part
     over_selection: float = 1.0  # select ceil(K * this)
     round_policy: str = "all"  # all: wait for every selected client (or the deadline); first_k: close at K updates
     notify_closed: bool = False  # tell the clients still working on a round that it closed (they stop, upload nothing)
@@ -75,7 +72,7 @@ class RoundState:
 class ServerActor(Checkpointable):
     name = "server"
     STATE = ("global_state", "pool", "down", "round", "late", "last_round_end", "short_since", "rounds_with_clients",
-             "strategy_state", "oort", "overdue", "carried")
+             "strategy_state", "selector_state", "overdue", "carried")
 
     def __init__(self, cfg: ServerConfig, clients: list[str], task: TaskSpec):
         self.cfg = cfg
@@ -94,11 +91,19 @@ class ServerActor(Checkpointable):
         self.last_round_end = 0.0
         self.short_since: float | None = None  # when the current round began waiting for eligible clients
         self.rounds_with_clients = 0
-        self.oort = OortSelector(cfg.oort) if cfg.selection == "oort" else None
+        self.selector = cfg.selector
         self.overdue: dict[str, list[int]] = {}  # keeps_late strategies: client -> rounds whose deadline cut it off
         self.carried: list[tuple] = []  # late updates that came between rounds, for the next one
         self.downlink = Channel(cfg.down_codec, layers=cfg.down_layers, schedule=cfg.schedule, side="server")
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
+
+    @property
+    def selector_state(self) -> dict[str, Any]:
+        return self.selector.snapshot()
+
+    @selector_state.setter
+    def selector_state(self, state: dict[str, Any]) -> None:
+        self.selector.restore(state)
 
     @property
     def strategy_state(self) -> dict[str, Any]:
@@ -139,7 +144,7 @@ class ServerActor(Checkpointable):
     def _begin(self, index: int, t: float) -> Reaction:
         rng = np.random.default_rng([self.cfg.seed, index])
         pool = {c: st for c, st in self.pool.items() if c not in self.down}
-        fit = eligible(self.cfg.selection, pool, **self.cfg.selection_params)
+        fit = self.selector.eligible(pool)
         notice = None
         if len(fit) < self.cfg.min_clients:
             since = self.short_since = t if self.short_since is None else self.short_since
@@ -155,13 +160,7 @@ class ServerActor(Checkpointable):
                 return reaction
         self.short_since = None
         asked = min(len(pool), int(np.ceil(self.cfg.clients_per_round * self.cfg.over_selection)))
-        if self.oort is not None:
-            expected = {n: expected_seconds(st, self.cfg.epochs, self.model_bytes, self.model_bytes)
-                        for n, st in pool.items() if st}
-            selected = self.oort.select(pool, asked, index, rng, expected)
-        else:
-            selected = select_clients(self.cfg.selection, pool, asked, rng, epochs=self.cfg.epochs,
-                                      down_bytes=self.model_bytes, up_bytes=self.model_bytes, **self.cfg.selection_params)
+        selected = self.selector.select(pool, asked, SelectionContext(index, rng, self.cfg.epochs, self.model_bytes))
         statuses = {name: pool[name] for name in selected}
         if self.cfg.checkin:
             for name in selected:  # a client must check in (or report back) again to be chosen again
@@ -188,7 +187,7 @@ class ServerActor(Checkpointable):
 
     def _no_eligible_clients(self, index: int, since: float, t: float, pool: dict, fit: list[str]) -> dict[str, Any]:
         """What the round found: who had checked in, how many failed each threshold, what it did."""
-        failing = shortfall(pool, **self.cfg.selection_params) if self.cfg.selection == "resource_aware" else {}
+        failing = self.selector.shortfall(pool)
         return {"type": "no_eligible_clients", "round": index, "t": t, "waited_s": t - since,
                 "population": len(self.clients), "lost": len(self.down),
                 "checked_in": len(pool) if self.cfg.checkin else None, "eligible": len(fit),
@@ -218,8 +217,7 @@ class ServerActor(Checkpointable):
             self.strategy.on_update(ClientUpdate(msg.src, state, delta, float(msg.body.get("samples", 1)), record))
             rnd.completed.append(msg.src)
             rnd.clients[msg.src] = {**record, "t_update": msg.t, "outcome": "ok"}
-            if self.oort is not None:
-                self.oort.feedback(msg.src, rnd.index, int(msg.body.get("samples", 1)), msg.body.get("loss_rms"),
+            self.selector.feedback(msg.src, rnd.index, int(msg.body.get("samples", 1)), msg.body.get("loss_rms"),
                                    msg.t - rnd.t_start)
             if msg.body.get("loss") is not None:
                 rnd.losses.append(float(msg.body["loss"]))

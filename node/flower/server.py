@@ -15,7 +15,7 @@ import numpy as np
 from protocol.codecs import Codec
 from ..actor import Message as Delivery, Reaction, Send
 from ..channel import Channel
-from ..strategy import eligible
+from ..selection import Selector, Uniform
 from .app import FlowerAppRef, load_component
 from .identity import NODE_ID_BASE, RUN_ID, SUPERLINK_NODE_ID
 from .records import decode_content, encode_content
@@ -33,8 +33,7 @@ class FlowerServerConfig:
                                                               "test_loss": "eval_loss"})
     log_level: str = "WARNING"  # Flower's logger in this process
     checkin: bool = False  # the Grid's nodes are the clients that checked in (and meet the selection's thresholds)
-    selection: str = "random"  # resource_aware: those thresholds apply
-    selection_params: dict[str, float] = field(default_factory=dict)
+    selector: Selector = field(default_factory=Uniform)  # its eligibility (resource_aware's thresholds) filters the nodes
 
 
 @dataclass
@@ -92,7 +91,7 @@ class FlowerServerActor:
         """The nodes a ServerApp sees: online as far as the server knows (not lost; with check-in,
         checked in since it was last given work, and meeting selection.* thresholds)."""
         pool = {c: status for c, status in self.pool.items() if c not in self.down}
-        return [self.node_of[c] for c in eligible(self.cfg.selection, pool, **self.cfg.selection_params)]
+        return [self.node_of[c] for c in self.cfg.selector.eligible(pool)]
 
     # ---- reactions --------------------------------------------------------------------------
     def react(self, msg: Delivery) -> Reaction:

@@ -13,6 +13,8 @@ from typing import Any, Callable, ClassVar, Mapping
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from ..plugins import Registry
+
 State = dict[str, np.ndarray]
 
 
@@ -138,25 +140,7 @@ class StrategyError(ValueError):
     """An unknown strategy name or invalid options; str() names the key."""
 
 
-REGISTRY: dict[str, type[Strategy]] = {}
-
-
-def register(name: str):
-    """Class decorator: make a Strategy available as `algorithm.name: NAME`."""
-
-    def add(cls: type[Strategy]) -> type[Strategy]:
-        if name in REGISTRY:
-            raise StrategyError(f"strategy {name!r} is registered twice ({REGISTRY[name].__qualname__}, {cls.__qualname__})")
-        cls.name = name
-        REGISTRY[name] = cls
-        return cls
-
-    return add
-
-
-def strategy_class(name: str) -> type[Strategy]:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise StrategyError(f"no strategy named {name!r} (have {', '.join(sorted(REGISTRY))})") from None
-
+STRATEGIES = Registry("strategy", Strategy, StrategyError)
+REGISTRY: dict[str, type[Strategy]] = STRATEGIES.classes
+register = STRATEGIES.register  # class decorator: make a Strategy available as `algorithm.name: NAME`
+strategy_class = STRATEGIES.get  # a registered strategy by name, or a user's subclass by "package.module:Class"
