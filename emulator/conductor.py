@@ -30,6 +30,7 @@ from .placement import (DEFAULT_SILENCE_S, Lobby, Placement, PlacementError, Rem
                         ray_node_address, world_fingerprint)
 from .topology import TOPOLOGIES, topology_of
 from .progress import View
+from .reports import Reports
 from .results import RingRounds, RunWriter
 from .scenario import Scenario
 from .world import World, build_world, usable_cores
@@ -146,7 +147,7 @@ class Conductor:
         self.startup_s: float | None = None
         self.host_clients: dict[str, list[str]] = {}
         self.ring: RingRounds | None = None  # round rows assembled from the clients' reports (serverless topologies)
-        self.last_shortfall: dict[str, Any] | None = None
+        self.reports = Reports(self)  # what each report from the processes does to the results
 
     # ---- processes -----------------------------------------------------------------------------
     def _spawn(self, world: World, endpoint: str, restore: Path | None = None, listen: str | None = None,
@@ -229,13 +230,14 @@ class Conductor:
         self.peak_pss = max(self.peak_pss, pss)
 
     # ---- the run -------------------------------------------------------------------------------
-    def run(self, world: World, resume: Path | None = None) -> dict:
-        """resume: a checkpoint directory of this run to continue from."""
+    def _open_writer(self, world: World, resume: Path | None) -> RunWriter:
+        """The run writer, with what the summary says of the run before it starts (or as it was
+        at the checkpoint it resumes from)."""
         saved = None
         if resume is not None:
             with open(resume / "conductor.pkl", "rb") as f:
                 saved = pickle.load(f)
-            self.last_shortfall = saved["last_shortfall"]
+            self.reports.last_shortfall = saved["last_shortfall"]
             self.view.done = len(saved["writer"]["rows"])
         topo = topology_of(self.sc.topology, world)
         writer = RunWriter(self.run_dir, self.resolved, population_rows(world), saved["writer"] if saved else None,
@@ -253,6 +255,11 @@ class Conductor:
         clock = self.sc.clock
         writer.summary["clock"] = {"mode": clock.mode, **({"speedup": clock.speedup, "lag_bound_s": clock.lag_bound_s}
                                                            if clock.mode == "realtime" else {})}
+        return writer
+
+    def run(self, world: World, resume: Path | None = None) -> dict:
+        """resume: a checkpoint directory of this run to continue from."""
+        writer = self._open_writer(world, resume)
         ipc_dir = tempfile.mkdtemp(prefix="flemu-")
         os.chmod(ipc_dir, 0o700)
         endpoint = f"ipc://{ipc_dir}/network"
@@ -289,35 +296,43 @@ class Conductor:
             else:
                 status, reason = "interrupted", "stopped by the user (SIGINT)"
         finally:
-            if sock is not None and not interrupted:
-                try:
-                    sock.send(envelope.pack("stop"), zmq.NOBLOCK)
-                    self._drain_after_stop(sock, writer)
-                except zmq.ZMQError:
-                    pass
-            if interrupted:
-                for c in self.children:
-                    if c.proc.is_alive():
-                        c.proc.terminate()
-            self._stop_children()
-            if self.lobby is not None:
-                self._note_refusals(self.lobby.refusals(), "conductor", writer)
-                self.lobby.close()
-            self._release_launcher()
-            self.view.close()
-            if ctx is not None:
-                ctx.destroy(linger=0)
-            shutil.rmtree(ipc_dir, ignore_errors=True)
-            if status == "completed":  # nothing left to resume: the checkpoint's pickles would only take space
-                shutil.rmtree(self.run_dir / "checkpoint", ignore_errors=True)
-                writer.summary.get("checkpoint", {}).pop("dir", None)
-            summary = writer.write_summary(
-                status, reason=reason, wall_time_s=time.monotonic() - self.t0, startup_s=self.startup_s,
-                peak_rss_mib=self.peak_rss / 2**20, peak_pss_mib=self.peak_pss / 2**20,
-                processes={"hosts": world.hosts, "threads_per_host": world.threads_per_host},
-                run_dir=str(self.run_dir),
-            )
-            writer.close()
+            self._wind_down(writer, sock, ctx, ipc_dir, interrupted)
+            summary = self._final_summary(world, writer, status, reason)
+        return summary
+
+    def _wind_down(self, writer: RunWriter, sock, ctx, ipc_dir: str, interrupted: bool) -> None:
+        """Stop the network (and take what it still had to say), then every process of the run."""
+        if sock is not None and not interrupted:
+            try:
+                sock.send(envelope.pack("stop"), zmq.NOBLOCK)
+                self._drain_after_stop(sock, writer)
+            except zmq.ZMQError:
+                pass
+        if interrupted:
+            for c in self.children:
+                if c.proc.is_alive():
+                    c.proc.terminate()
+        self._stop_children()
+        if self.lobby is not None:
+            self._note_refusals(self.lobby.refusals(), "conductor", writer)
+            self.lobby.close()
+        self._release_launcher()
+        self.view.close()
+        if ctx is not None:
+            ctx.destroy(linger=0)
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+
+    def _final_summary(self, world: World, writer: RunWriter, status: str, reason: str | None) -> dict:
+        if status == "completed":  # nothing left to resume: the checkpoint's pickles would only take space
+            shutil.rmtree(self.run_dir / "checkpoint", ignore_errors=True)
+            writer.summary.get("checkpoint", {}).pop("dir", None)
+        summary = writer.write_summary(
+            status, reason=reason, wall_time_s=time.monotonic() - self.t0, startup_s=self.startup_s,
+            peak_rss_mib=self.peak_rss / 2**20, peak_pss_mib=self.peak_pss / 2**20,
+            processes={"hosts": world.hosts, "threads_per_host": world.threads_per_host},
+            run_dir=str(self.run_dir),
+        )
+        writer.close()
         return summary
 
     # ---- hosts on other machines -------------------------------------------------------------
@@ -443,11 +458,11 @@ class Conductor:
                 return "failed", str(body.get("error"))
             if body.get("type") == "error" and body.get("actor") in self.topology.server_actors():
                 # the server's state is no longer to be trusted, and a round may never end: stop now
-                self._on_report(body, writer)
+                self.reports.handle(body, writer)
                 first = str(body.get("error", "")).strip().splitlines()[-1:] or ["?"]
                 return "failed", f"the {body['actor']} actor raised an exception: {first[0]} (traceback in summary.json incidents)"
-            if self._on_report(body, writer):
-                return self._final_status(body)
+            if self.reports.handle(body, writer):
+                return self.reports.final_status(body)
         return None
 
     def _declare_lost(self, body: dict[str, Any], sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None] | None:
@@ -496,133 +511,12 @@ class Conductor:
         sock.send(envelope.pack("peer_lost", peer=child.name))
         if self.ring is not None:
             for rep in self.ring.lose(self.host_clients.get(child.name, [])):
-                self._round_row(rep, writer)
+                self.reports.round_row(rep, writer)
             if not self.ring.expected:
                 return "failed", "every host is gone: no ring client is left"
         elif all(c.lost for c in self.children if c.role == "host"):
             self.view.note("every host is gone; the server will finish with no clients")
         return None
-
-    def _final_status(self, finished: dict[str, Any]) -> tuple[str, str | None]:
-        """completed, unless no round ever had a client: then no_clients, saying what excluded them."""
-        if finished.get("reason"):  # the server gave up before its last round
-            return "failed", finished["reason"]
-        if finished.get("rounds_with_clients", 1) > 0:
-            return "completed", None
-        last = self.last_shortfall
-        if last is None:
-            return "no_clients", "no round had a client"
-        failing = ", ".join(f"{v} fail selection.{k}" for k, v in last["failing"].items()) or "none failed a threshold"
-        seen = (f"{last['checked_in']} of {last['population']} checked in" if last["checked_in"] is not None
-                else f"{last['population'] - last['lost']} of {last['population']} reachable")
-        return "no_clients", f"no round had an eligible client: {seen}; {failing} (last seen at round {last['round'] + 1})"
-
-    def _on_report(self, body: dict[str, Any], writer: RunWriter) -> bool:
-        kind = body.get("type")
-        if kind == "round":
-            self._round_row(body, writer)
-        elif kind == "edge_round":
-            writer.edge_round(body)
-        elif kind == "ring_round" and self.ring is not None:
-            for rep in self.ring.add(body):
-                self._round_row(rep, writer)
-        elif kind == "ring_finished" and self.ring is not None:
-            return self.ring.finish(body["client"])
-        elif kind == "device":
-            info = {k: v for k, v in body.items() if k not in ("type", "peer", "t_net")}
-            devices = writer.summary.setdefault("training_devices", {})
-            if info.get("device") != "cpu" and not any(d.get("device") == info.get("device") for d in devices.values()):
-                # the CPU is what a run without a GPU uses anyway: only a GPU is news on the console
-                self.view.note(f"{body.get('peer')} trains on {info.get('device')} ({info.get('name')})")
-            devices[body.get("peer")] = info
-        elif kind == "cohort":
-            cohorts = writer.summary.setdefault("cohorts", {}).setdefault(body.get("peer"), {"groups": 0, "clients": 0, "largest": 0})
-            size = int(body.get("size", 0))
-            cohorts.update(groups=cohorts["groups"] + 1, clients=cohorts["clients"] + size, largest=max(cohorts["largest"], size))
-        elif kind == "speculation":  # cumulative counts of one host: its latest report stands
-            hosts = writer.summary.setdefault("speculation", {}).setdefault("hosts", {})
-            hosts[body.get("peer")] = {k: int(body.get(k, 0)) for k in ("trained_ahead", "used", "dropped")}
-            writer.summary["speculation"].update({k: sum(h[k] for h in hosts.values()) for k in ("trained_ahead", "used", "dropped")})
-        elif kind == "clock_started":
-            self.startup_s = time.monotonic() - self.t0
-        elif kind == "privacy":
-            writer.privacy_release(body)
-        elif kind in ("error", "rejected"):
-            writer.incident(kind, **{k: v for k, v in body.items() if k != "type"})
-            self.view.last_incident = f"{kind}: {body.get('actor') or body.get('peer')}: {str(body.get('error'))[:80]}"
-        elif kind == "no_eligible_clients":
-            self.last_shortfall = body
-            fields = {k: v for k, v in body.items() if k not in ("type", "peer")}
-            writer.incident("no_eligible_clients", **fields)
-            failing = ", ".join(f"{v} fail {k}" for k, v in body["failing"].items())
-            self.view.note(f"round {body['round'] + 1}: {body['eligible']} eligible of min {body['min_clients']} after waiting "
-                     f"{body['waited_s']:.1f} s{' (' + failing + ')' if failing else ''}: {body['action']}")
-        elif kind == "checkpoint":
-            self._commit_checkpoint(body, writer)
-        elif kind == "checkpoint_skipped":
-            info = writer.summary.setdefault("checkpoint", {})
-            info["skipped"] = info.get("skipped", 0) + 1
-            info["last_skip"] = {"after_round": body["round"] + 1, "why": body["why"]}
-        elif kind == "refused_claim":
-            writer.incident(f"refused a claim on actor names: {body.get('reason')}", peer=body.get("peer"),
-                            emulated_time_s=body.get("t_net"))
-            self.view.note(f"network refused a claim: {body.get('reason')}")
-        elif kind == "listening" and self.lobby is not None:
-            writer.summary["placement"]["network"] = body.get("endpoint")
-            self._serve_lobby(writer, self.lobby.network_listening(str(body.get("endpoint"))))
-        elif kind == "refused_key":
-            self._note_refusals([body], "network", writer)
-        elif kind == "network_stats":
-            clock_s = body.get("clock_s") or 0.0
-            writer.summary["network"] = {"events": body.get("events"), "cpu_s": body.get("cpu_s"), "clock_s": clock_s,
-                                         "events_per_s": body["events"] / clock_s if clock_s > 0 else None,
-                                         "waited_s": body.get("waited_s") or {}}
-        elif kind == "refused_messages":
-            writer.summary["refused_messages"] = {k: body.get(k) for k in ("total", "by_peer", "banned")}
-        elif kind == "finished":
-            if body.get("channels"):  # what the server's channels sent, by their own count
-                writer.summary["channels"] = body["channels"]
-            return True
-        return False
-
-    def _commit_checkpoint(self, body: dict[str, Any], writer: RunWriter) -> None:
-        """The network and every peer have written their parts to the staging directory, and every
-        record and report from before the checkpoint has reached us (they travel in order): add
-        ours, then replace the previous checkpoint in one rename."""
-        staging = Path(body["dir"])
-        final = self.run_dir / "checkpoint"
-        rounds = len(writer.rows)
-        if rounds != body["round"] + 1:  # cannot happen if reports travel in order; never write an inconsistent one
-            writer.incident("checkpoint not written: the round rows do not match it", rows=rounds, round=body["round"])
-            shutil.rmtree(staging, ignore_errors=True)
-            return
-        info = writer.summary.setdefault("checkpoint", {})
-        info.update(rounds=rounds, emulated_time_s=body["t"], dir=str(final))
-        state = {"writer": writer.checkpoint_state(), "last_shortfall": self.last_shortfall}
-        with open(staging / "conductor.pkl", "wb") as f:
-            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-        holders = {SERVER: [SERVER], **self.host_clients}
-        holders = {peer: actors for peer, actors in holders.items() if (staging / f"{peer}.pkl").exists()}
-        (staging / "meta.json").write_text(json.dumps({"rounds": rounds, "emulated_time_s": body["t"], "actors": holders}))
-        old = self.run_dir / "checkpoint.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            final.rename(old)
-        staging.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-
-    def _round_row(self, body: dict[str, Any], writer: RunWriter) -> None:
-        wall = time.monotonic() - self.t0
-        if self.startup_s is None:  # only if the clock_started report was missed
-            self.startup_s = wall
-        row = writer.round(body, wall)
-        if body.get("lag"):
-            clock = writer.summary["clock"]
-            clock["lag"] = body["lag"]
-            clock["faithful"] = body["lag"]["max_s"] <= self.sc.clock.lag_bound_s
-        writer.write_summary("running", wall_time_s=wall)
-        self.view.round(row, body.get("lag"))
-
 
 class ResumeError(ValueError):
     """A run directory that cannot be resumed; the message says why."""

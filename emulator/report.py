@@ -101,35 +101,45 @@ def gantt_rows(rows: list[dict], most: int = GANTT_MOST) -> list[dict]:
 
 
 def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
+    """The run's figures in RUN_DIR/plots: accuracy (against time and bytes), round time by phase,
+    one round's Gantt chart and the bit-lengths, each where the run has what it shows."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     summary, rounds, clients = load(run_dir)
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)
-    written = []
     if not rounds:
-        return written
+        return []
+    figures = [_accuracy_figure(plt, rounds), _round_time_figure(plt, rounds, clients),
+               _gantt_figure(plt, rounds, clients, gantt_round), _bits_figure(plt, rounds)]
+    return [_save(fig, out_dir / name, plt) for fig, name in filter(None, figures)]
 
+
+def _accuracy_figure(plt, rounds: list[dict]):
     evaluated = [r for r in rounds if _num(r.get("accuracy")) is not None]
-    if evaluated:
-        cumulative, total = {}, 0
-        for r in rounds:
-            total += sum(int(r.get(k) or 0) for k in ("payload_bytes_up", "payload_bytes_down", "payload_bytes_peer"))
-            cumulative[r["round"]] = total / GIB
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        acc = [float(r["accuracy"]) for r in evaluated]
-        ax1.plot([float(r["t_end"]) for r in evaluated], acc, marker="o")
-        ax1.set(xlabel="emulated time (s)", ylabel="test accuracy", title="accuracy vs emulated time")
-        ax2.plot([cumulative[r["round"]] for r in evaluated], acc, marker="o", color="#c44e52")
-        ax2.set(xlabel="payload moved (GiB)", ylabel="test accuracy", title="accuracy vs bytes")
-        for ax in (ax1, ax2):
-            ax.grid(alpha=0.3)
-        fig.tight_layout()
-        written.append(_save(fig, out_dir / "accuracy.png", plt))
+    if not evaluated:
+        return None
+    cumulative, total = {}, 0
+    for r in rounds:
+        total += sum(int(r.get(k) or 0) for k in ("payload_bytes_up", "payload_bytes_down", "payload_bytes_peer"))
+        cumulative[r["round"]] = total / GIB
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    acc = [float(r["accuracy"]) for r in evaluated]
+    ax1.plot([float(r["t_end"]) for r in evaluated], acc, marker="o")
+    ax1.set(xlabel="emulated time (s)", ylabel="test accuracy", title="accuracy vs emulated time")
+    ax2.plot([cumulative[r["round"]] for r in evaluated], acc, marker="o", color="#c44e52")
+    ax2.set(xlabel="payload moved (GiB)", ylabel="test accuracy", title="accuracy vs bytes")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig, "accuracy.png"
+
+
+def _round_time_figure(plt, rounds: list[dict], clients: list[dict]):
+    from matplotlib.ticker import MaxNLocator
 
     split = phase_split(rounds, clients)
     fig, ax = plt.subplots(figsize=(11, 4))
@@ -145,48 +155,54 @@ def plot(run_dir: Path, gantt_round: int | None = None) -> list[Path]:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend()
     fig.tight_layout()
-    written.append(_save(fig, out_dir / "round_time.png", plt))
+    return fig, "round_time.png"
 
+
+def _gantt_figure(plt, rounds: list[dict], clients: list[dict], gantt_round: int | None):
     chosen = gantt_round if gantt_round is not None else choose_round(rounds, clients)
     everyone = [c for c in clients if c["round"] == str(chosen)]
     rows = gantt_rows(everyone)
-    if rows:
-        rnd = next(r for r in rounds if r["round"] == str(chosen))
-        t0 = float(rnd["t_start"])
-        fig, ax = plt.subplots(figsize=(11, max(3, 0.25 * len(rows) + 1.5)))
-        for y, c in enumerate(sorted(rows, key=lambda c: c["client"])):
-            for name, start, end, color in PHASES:
-                s, e = _num(c.get(start)), _num(c.get(end))
-                if s is not None and e is not None:
-                    ax.barh(y, e - s, left=s - t0, color=color, label=name if y == 0 else None)
-            if c["outcome"] == "late":
-                ax.plot(float(rnd["duration_s"]), y, marker="x", color="black", markersize=9)
-                ax.text(float(rnd["duration_s"]), y, "  late", va="center", fontsize=7)
-            elif c["outcome"] != "ok":
-                last = max([v for v in (_num(c[k]) for k in ("upload_start", "compute_end", "download_end", "download_start")) if v is not None],
-                           default=t0)
-                ax.plot(last - t0, y, marker="x", color="black", markersize=9)
-                ax.text(last - t0, y, f"  {c['outcome']}", va="center", fontsize=7)
-        ax.axvline(float(rnd["duration_s"]), color="black", linestyle="--", linewidth=1, label="round end")
-        ax.set_yticks(range(len(rows)), sorted(c["client"] for c in rows), fontsize=7)
-        shown = "one bar per selected client" if len(rows) == len(everyone) else \
-            f"{len(rows)} of its {len(everyone)} selected clients (those that did not count first)"
-        ax.set(xlabel="emulated seconds since round start", title=f"round {chosen}: {shown}")
-        ax.legend(loc="lower right", fontsize=8)
-        fig.tight_layout()
-        written.append(_save(fig, out_dir / f"gantt_round_{chosen}.png", plt))
+    if not rows:
+        return None
+    rnd = next(r for r in rounds if r["round"] == str(chosen))
+    t0, end = float(rnd["t_start"]), float(rnd["duration_s"])
+    fig, ax = plt.subplots(figsize=(11, max(3, 0.25 * len(rows) + 1.5)))
+    for y, c in enumerate(sorted(rows, key=lambda c: c["client"])):
+        for name, start, stop, color in PHASES:
+            s, e = _num(c.get(start)), _num(c.get(stop))
+            if s is not None and e is not None:
+                ax.barh(y, e - s, left=s - t0, color=color, label=name if y == 0 else None)
+        if c["outcome"] != "ok":
+            at = end if c["outcome"] == "late" else max(
+                [v for v in (_num(c[k]) for k in ("upload_start", "compute_end", "download_end", "download_start"))
+                 if v is not None], default=t0) - t0
+            ax.plot(at, y, marker="x", color="black", markersize=9)
+            ax.text(at, y, f"  {c['outcome']}", va="center", fontsize=7)
+    ax.axvline(end, color="black", linestyle="--", linewidth=1, label="round end")
+    ax.set_yticks(range(len(rows)), sorted(c["client"] for c in rows), fontsize=7)
+    shown = "one bar per selected client" if len(rows) == len(everyone) else \
+        f"{len(rows)} of its {len(everyone)} selected clients (those that did not count first)"
+    ax.set(xlabel="emulated seconds since round start", title=f"round {chosen}: {shown}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig, f"gantt_round_{chosen}.png"
 
-    if any(_num(r.get("bits_down")) is not None for r in rounds):
-        fig, ax = plt.subplots(figsize=(11, 3.5))
-        ax.plot(idx, [_num(r.get("bits_down")) for r in rounds], label="download (server)")
-        ax.plot(idx, [_num(r.get("bits_up_mean")) for r in rounds], label="upload (mean of clients)")
-        ax.set(xlabel="round", ylabel="bits per value", title="bit-length per round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        written.append(_save(fig, out_dir / "bits.png", plt))
-    return written
+
+def _bits_figure(plt, rounds: list[dict]):
+    from matplotlib.ticker import MaxNLocator
+
+    if not any(_num(r.get("bits_down")) is not None for r in rounds):
+        return None
+    idx = [int(r["round"]) for r in rounds]
+    fig, ax = plt.subplots(figsize=(11, 3.5))
+    ax.plot(idx, [_num(r.get("bits_down")) for r in rounds], label="download (server)")
+    ax.plot(idx, [_num(r.get("bits_up_mean")) for r in rounds], label="upload (mean of clients)")
+    ax.set(xlabel="round", ylabel="bits per value", title="bit-length per round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig, "bits.png"
 
 
 def _save(fig, path: Path, plt) -> Path:

@@ -134,7 +134,34 @@ def _check_user_model(task: TaskSpec, dataset: str) -> None:
 
 def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     task = task or load_task(sc)
-    rng = np.random.default_rng(sc.seed)
+    rng = np.random.default_rng(sc.seed)  # drawn from in this order: the partition, the device mix, the link mix
+    task, shards, test_shards = _shards(sc, task, rng)
+    hosts = min(sc.population.hosts or usable_cores(), sc.population.clients)
+    clients = _clients(sc, task, rng, shards, test_shards, hosts)
+    faults = _faults(sc, clients)
+    groups, group_queue_s, group_of = _shared_links(sc, clients)
+    server, client = _actor_configs(sc, task, clients, test_shards)
+    ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
+    flower = _flower(sc, server) if sc.algorithm.name == FLOWER else None
+    edges: list[EdgeInfo] = []
+    if sc.topology == "hierarchical":
+        edges = _edges(sc, clients, server, group_of)
+        server = _cloud_config(sc, server, edges)
+    sl = sc.server.link
+    task = dataclasses.replace(task, plan=DevicePlan(sc.task.device, hosts, sc.task.gpu_memory_fraction))
+    return World(
+        task=task, clients=clients,
+        server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0, queue_s=_queue_s(sc, sl.queue_ms)),
+        server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
+        framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
+        faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
+        tcp=_tcp_params(sc), group_queue_s=group_queue_s, edges=edges, flow_solver=sc.network.flow_solver,
+        flower=flower,
+    )
+
+
+def _shards(sc: Scenario, task: TaskSpec, rng: np.random.Generator) -> tuple[TaskSpec, list, list]:
+    """Each client's training samples and, where evaluation is per client, its own test split."""
     n = sc.population.clients
     part = sc.task.partition
     test_shards: list = [None] * n
@@ -159,10 +186,20 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         test_shards = _partition(sc, task.test.y.numpy(), test_rng, "task.partition (test split)", test=True)
     if min(s.size for s in shards) == 0:
         raise ScenarioError(f"task.partition: {task.train.y.numel()} samples cannot give each of {n} clients at least one")
+    return task, shards, test_shards
+
+
+def _name_width(n: int) -> int:
+    return max(4, len(str(n - 1)))
+
+
+def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: list, test_shards: list,
+             hosts: int) -> list[ClientInfo]:
+    """Every client: its profile (samples, speed), device, access link and host."""
+    n = sc.population.clients
     devices = assign_mix([d.share for d in sc.population.devices], n, rng)
     links = assign_mix([lk.share for lk in sc.population.links], n, rng)
-    hosts = min(sc.population.hosts or usable_cores(), n)
-    width = max(4, len(str(n - 1)))
+    width = _name_width(n)
     capacity = _trace_records(sc.population.capacity_trace, "population.capacity_trace")
     behaviour = _trace_records(sc.population.availability.trace, "population.availability.trace") \
         if sc.population.availability.kind == "trace" else None
@@ -184,6 +221,11 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms))
         spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
+    return clients
+
+
+def _faults(sc: Scenario, clients: list[ClientInfo]) -> list[Fault]:
+    n, width = len(clients), _name_width(len(clients))
     names = {c.profile.name for c in clients} | {"server"}
     faults = []
     for i, f in enumerate(sc.faults):
@@ -191,6 +233,11 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
             raise ScenarioError(f"faults[{i}].actor: no actor named {f.actor!r} (clients are c{0:0{width}d}..c{n - 1:0{width}d}, or 'server')")
         end = INF if f.duration_s is None else f.at_s + f.duration_s
         faults.append(Fault(f.kind, f.actor, f.at_s, end))
+    return faults
+
+
+def _shared_links(sc: Scenario, clients: list[ClientInfo]) -> tuple[dict, dict, dict]:
+    """The shared bottlenecks (name:up and name:down -> bit/s), their buffers, and who crosses which."""
     groups: dict[str, float] = {}
     group_queue_s: dict[str, float] = {}
     group_of: dict[str, list[str]] = {}
@@ -201,7 +248,13 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         for c in clients:
             if c.link_name in shared.links:
                 group_of.setdefault(c.profile.name, []).append(shared.name)
-    alg = sc.algorithm
+    return groups, group_queue_s, group_of
+
+
+def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test_shards: list
+                   ) -> tuple[ServerConfig, ClientConfig]:
+    """What the server actor and every client actor are configured with."""
+    alg, n = sc.algorithm, sc.population.clients
     per_round = sc.selection.per_round(n)
     tensor_names = list(task.build().state_dict())
     strategy = _strategy(sc)
@@ -232,23 +285,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
                           cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names),
                           speculate_share=_speculate_share(sc))
-    ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
-    flower = _flower(sc, server) if alg.name == FLOWER else None
-    edges: list[EdgeInfo] = []
-    if sc.topology == "hierarchical":
-        edges = _edges(sc, clients, server, group_of)
-        server = _cloud_config(sc, server, edges)
-    sl = sc.server.link
-    task = dataclasses.replace(task, plan=DevicePlan(sc.task.device, hosts, sc.task.gpu_memory_fraction))
-    return World(
-        task=task, clients=clients,
-        server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0, queue_s=_queue_s(sc, sl.queue_ms)),
-        server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
-        framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
-        faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
-        tcp=_tcp_params(sc), group_queue_s=group_queue_s, edges=edges, flow_solver=sc.network.flow_solver,
-        flower=flower,
-    )
+    return server, client
 
 
 def _edges(sc: Scenario, clients: list[ClientInfo], server: ServerConfig, group_of: dict[str, list[str]]) -> list[EdgeInfo]:

@@ -1,0 +1,168 @@
+"""What each report from a run's processes does to its results: one handler per report type, in
+a dispatch table. The conductor receives the reports; this module turns them into round rows,
+summary entries, incidents and checkpoints (through the run writer, emulator/results.py)."""
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .netconfig import SERVER
+from .results import RunWriter
+
+
+class Reports:
+    def __init__(self, conductor: Any):
+        self.run = conductor  # the run's conductor: its view, ring rows, lobby, clock start and run directory
+        self.last_shortfall: dict[str, Any] | None = None  # the last round that found too few eligible clients
+        self.handlers: dict[str, Callable[[dict[str, Any], RunWriter], bool | None]] = {
+            "round": self.round_row, "edge_round": lambda body, writer: writer.edge_round(body),
+            "ring_round": self._ring_round, "ring_finished": self._ring_finished, "device": self._device,
+            "cohort": self._cohort, "speculation": self._speculation, "clock_started": self._clock_started,
+            "privacy": lambda body, writer: writer.privacy_release(body), "error": self._incident,
+            "rejected": self._incident, "no_eligible_clients": self._no_eligible_clients,
+            "checkpoint": self._commit_checkpoint, "checkpoint_skipped": self._checkpoint_skipped,
+            "refused_claim": self._refused_claim, "listening": self._listening,
+            "refused_key": lambda body, writer: self.run._note_refusals([body], "network", writer),
+            "network_stats": self._network_stats, "refused_messages": self._refused_messages,
+            "finished": self._finished,
+        }
+
+    def handle(self, body: dict[str, Any], writer: RunWriter) -> bool:
+        """Apply one report; True when it says that the run is over."""
+        handler = self.handlers.get(body.get("type"))
+        return bool(handler(body, writer)) if handler is not None else False
+
+    # ---- rounds ----------------------------------------------------------------------------------
+    def round_row(self, body: dict[str, Any], writer: RunWriter) -> None:
+        run = self.run
+        wall = time.monotonic() - run.t0
+        if run.startup_s is None:  # only if the clock_started report was missed
+            run.startup_s = wall
+        row = writer.round(body, wall)
+        if body.get("lag"):
+            clock = writer.summary["clock"]
+            clock["lag"] = body["lag"]
+            clock["faithful"] = body["lag"]["max_s"] <= run.sc.clock.lag_bound_s
+        writer.write_summary("running", wall_time_s=wall)
+        run.view.round(row, body.get("lag"))
+
+    def _ring_round(self, body: dict[str, Any], writer: RunWriter) -> None:
+        if self.run.ring is not None:
+            for rep in self.run.ring.add(body):
+                self.round_row(rep, writer)
+
+    def _ring_finished(self, body: dict[str, Any], writer: RunWriter) -> bool:
+        return self.run.ring is not None and self.run.ring.finish(body["client"])
+
+    def _finished(self, body: dict[str, Any], writer: RunWriter) -> bool:
+        if body.get("channels"):  # what the server's channels sent, by their own count
+            writer.summary["channels"] = body["channels"]
+        return True
+
+    def final_status(self, finished: dict[str, Any]) -> tuple[str, str | None]:
+        """completed, unless no round ever had a client: then no_clients, saying what excluded them."""
+        if finished.get("reason"):  # the server gave up before its last round
+            return "failed", finished["reason"]
+        if finished.get("rounds_with_clients", 1) > 0:
+            return "completed", None
+        last = self.last_shortfall
+        if last is None:
+            return "no_clients", "no round had a client"
+        failing = ", ".join(f"{v} fail selection.{k}" for k, v in last["failing"].items()) or "none failed a threshold"
+        seen = (f"{last['checked_in']} of {last['population']} checked in" if last["checked_in"] is not None
+                else f"{last['population'] - last['lost']} of {last['population']} reachable")
+        return "no_clients", f"no round had an eligible client: {seen}; {failing} (last seen at round {last['round'] + 1})"
+
+    # ---- the processes ---------------------------------------------------------------------------
+    def _device(self, body: dict[str, Any], writer: RunWriter) -> None:
+        info = {k: v for k, v in body.items() if k not in ("type", "peer", "t_net")}
+        devices = writer.summary.setdefault("training_devices", {})
+        if info.get("device") != "cpu" and not any(d.get("device") == info.get("device") for d in devices.values()):
+            # the CPU is what a run without a GPU uses anyway: only a GPU is news on the console
+            self.run.view.note(f"{body.get('peer')} trains on {info.get('device')} ({info.get('name')})")
+        devices[body.get("peer")] = info
+
+    def _cohort(self, body: dict[str, Any], writer: RunWriter) -> None:
+        cohorts = writer.summary.setdefault("cohorts", {}).setdefault(body.get("peer"), {"groups": 0, "clients": 0, "largest": 0})
+        size = int(body.get("size", 0))
+        cohorts.update(groups=cohorts["groups"] + 1, clients=cohorts["clients"] + size, largest=max(cohorts["largest"], size))
+
+    def _speculation(self, body: dict[str, Any], writer: RunWriter) -> None:
+        """Cumulative counts of one host: its latest report stands."""
+        hosts = writer.summary.setdefault("speculation", {}).setdefault("hosts", {})
+        hosts[body.get("peer")] = {k: int(body.get(k, 0)) for k in ("trained_ahead", "used", "dropped")}
+        writer.summary["speculation"].update({k: sum(h[k] for h in hosts.values()) for k in ("trained_ahead", "used", "dropped")})
+
+    def _clock_started(self, body: dict[str, Any], writer: RunWriter) -> None:
+        self.run.startup_s = time.monotonic() - self.run.t0
+
+    def _network_stats(self, body: dict[str, Any], writer: RunWriter) -> None:
+        clock_s = body.get("clock_s") or 0.0
+        writer.summary["network"] = {"events": body.get("events"), "cpu_s": body.get("cpu_s"), "clock_s": clock_s,
+                                     "events_per_s": body["events"] / clock_s if clock_s > 0 else None,
+                                     "waited_s": body.get("waited_s") or {}}
+
+    def _listening(self, body: dict[str, Any], writer: RunWriter) -> None:
+        run = self.run
+        if run.lobby is not None:
+            writer.summary["placement"]["network"] = body.get("endpoint")
+            run._serve_lobby(writer, run.lobby.network_listening(str(body.get("endpoint"))))
+
+    # ---- incidents -------------------------------------------------------------------------------
+    def _incident(self, body: dict[str, Any], writer: RunWriter) -> None:
+        kind = body["type"]
+        writer.incident(kind, **{k: v for k, v in body.items() if k != "type"})
+        self.run.view.last_incident = f"{kind}: {body.get('actor') or body.get('peer')}: {str(body.get('error'))[:80]}"
+
+    def _no_eligible_clients(self, body: dict[str, Any], writer: RunWriter) -> None:
+        self.last_shortfall = body
+        fields = {k: v for k, v in body.items() if k not in ("type", "peer")}
+        writer.incident("no_eligible_clients", **fields)
+        failing = ", ".join(f"{v} fail {k}" for k, v in body["failing"].items())
+        self.run.view.note(f"round {body['round'] + 1}: {body['eligible']} eligible of min {body['min_clients']} after waiting "
+                           f"{body['waited_s']:.1f} s{' (' + failing + ')' if failing else ''}: {body['action']}")
+
+    def _refused_claim(self, body: dict[str, Any], writer: RunWriter) -> None:
+        writer.incident(f"refused a claim on actor names: {body.get('reason')}", peer=body.get("peer"),
+                        emulated_time_s=body.get("t_net"))
+        self.run.view.note(f"network refused a claim: {body.get('reason')}")
+
+    def _refused_messages(self, body: dict[str, Any], writer: RunWriter) -> None:
+        writer.summary["refused_messages"] = {k: body.get(k) for k in ("total", "by_peer", "banned")}
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def _checkpoint_skipped(self, body: dict[str, Any], writer: RunWriter) -> None:
+        info = writer.summary.setdefault("checkpoint", {})
+        info["skipped"] = info.get("skipped", 0) + 1
+        info["last_skip"] = {"after_round": body["round"] + 1, "why": body["why"]}
+
+    def _commit_checkpoint(self, body: dict[str, Any], writer: RunWriter) -> None:
+        """The network and every peer have written their parts to the staging directory, and every
+        record and report from before the checkpoint has reached us (they travel in order): add
+        ours, then replace the previous checkpoint in one rename."""
+        run_dir = self.run.run_dir
+        staging = Path(body["dir"])
+        final = run_dir / "checkpoint"
+        rounds = len(writer.rows)
+        if rounds != body["round"] + 1:  # cannot happen if reports travel in order; never write an inconsistent one
+            writer.incident("checkpoint not written: the round rows do not match it", rows=rounds, round=body["round"])
+            shutil.rmtree(staging, ignore_errors=True)
+            return
+        info = writer.summary.setdefault("checkpoint", {})
+        info.update(rounds=rounds, emulated_time_s=body["t"], dir=str(final))
+        state = {"writer": writer.checkpoint_state(), "last_shortfall": self.last_shortfall}
+        with open(staging / "conductor.pkl", "wb") as f:
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+        holders = {SERVER: [SERVER], **self.run.host_clients}
+        holders = {peer: actors for peer, actors in holders.items() if (staging / f"{peer}.pkl").exists()}
+        (staging / "meta.json").write_text(json.dumps({"rounds": rounds, "emulated_time_s": body["t"], "actors": holders}))
+        old = run_dir / "checkpoint.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
