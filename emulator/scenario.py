@@ -17,7 +17,7 @@ from node.device import check_spec
 from node.models import MODELS, user_model
 from node.plugins import PluginError, is_import_path, resolve_callable
 from node.selection import Oort, Selector, selector_class
-from node.strategies import REGISTRY, StrategyError, strategy_class
+from node.strategies import REGISTRY, Strategy, StrategyError, strategy_class
 from node.strategies.fedalign import FedAlign
 
 
@@ -785,6 +785,37 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
+    def _capabilities(self):
+        """What the strategy declares it works with (node/strategies/base.py's Capabilities)."""
+        name = self.algorithm.name
+        if name in NOT_STRATEGIES:
+            return self
+        cls = strategy_class(name)
+        caps = cls.capabilities
+        if self.topology not in caps.topologies:
+            raise ValueError(f"topology: {name} runs on {' or '.join(caps.topologies)}, not {self.topology}")
+        if (cls.asynchronous or self.topology != "star") and cls.extras_spec is not Strategy.extras_spec:
+            raise ValueError(f"algorithm.name: {name} sends arrays beside the model, which the synchronous server "
+                             f"of topology star carries (not {'an asynchronous one' if cls.asynchronous else self.topology})")
+        mechanism = self.algorithm.privacy.mechanism
+        if mechanism not in caps.privacy:
+            raise ValueError(f"algorithm.privacy.mechanism: {name} works with {', '.join(caps.privacy)}, not {mechanism}")
+        codecs = self.algorithm.codec
+        for direction in ("up", "down"):
+            spec = getattr(codecs, direction)
+            sends_updates = spec.error_feedback or any(
+                c.encodes_delta for c in [spec.build(), *(make_codec(v) for v in spec.layers.values())])
+            if sends_updates and not caps.delta_codecs:
+                raise ValueError(f"algorithm.codec.{direction}: {name} works with dense codecs (fp32, fp16, bf16, int) "
+                                 f"without error feedback, not with {spec.name}"
+                                 f"{' and error feedback' if spec.error_feedback else ''}")
+        if self.run.checkpoint_every is not None and not caps.checkpoints:
+            raise ValueError(f"run.checkpoint_every: {name}'s state cannot be checkpointed")
+        if not self.algorithm.train and not caps.communication_only:
+            raise ValueError(f"algorithm.train: {name} needs training (its state comes from it); leave train true")
+        return self
+
+    @model_validator(mode="after")
     def _error_feedback_on_star_uploads(self):
         if self.algorithm.codec.down.error_feedback:
             raise ValueError("algorithm.codec.down.error_feedback: error feedback is kept by the clients on their uploads "
@@ -859,7 +890,7 @@ def format_errors(source: str, exc: ValidationError) -> str:
             got = f" (value {err.get('input')!r})"
         where = _path(loc)
         # a model validator's message that names its own key path (task.model: ...) is not prefixed twice
-        if loc and re.match(rf"{re.escape(where)}[.:\[]", msg):
+        if loc and re.match(rf"{re.escape(where)}[.:\[]", msg) or not loc and re.match(r"[a-z_]+(\.[a-z_\[\]0-9']+)*: ", msg):
             where, msg = msg.split(": ", 1) if ": " in msg else (where, msg)
         lines.append(f"{source}: {where}: {msg}{got}")
     return "\n".join(lines)

@@ -42,6 +42,7 @@ class Outgoing:
     encoded: EncodedState
     bits: int | None
     commit: Callable[[], None]
+    extras_from: int | None = None  # the frame where the arrays sent beside the model begin (None: there are none)
 
 
 class Channel:
@@ -71,9 +72,11 @@ class Channel:
         return self.schedule.server_bits(round_, base) if self.side == "server" else self.schedule.client_bits(round_, base, nu)
 
     def encode(self, state: State, rng: np.random.Generator, *, bits: int | None = None, reference: State | None = None,
-               delta: bool = False, is_delta: bool = False) -> Outgoing:
+               delta: bool = False, is_delta: bool = False, extras: State | None = None) -> Outgoing:
         """`state` for the wire. is_delta: it already is one. Otherwise it goes as a delta against
-        `reference` when the channel carries deltas or `delta` asks for it, else as weights."""
+        `reference` when the channel carries deltas or `delta` asks for it, else as weights.
+        `extras`: a strategy's named arrays beside the model, encoded after it with the same codec
+        and bit-length, in frames of their own; they count in the message's bytes."""
         codec = self.codec.with_bits(bits) if self.schedule.adaptive else self.codec
         if is_delta:
             payload, basis = state, "delta"
@@ -86,6 +89,12 @@ class Channel:
             encoded, residual = self.feedback.compress(payload, codec, rng, self.layers)
         else:
             encoded = encode_state(payload, codec, rng, basis=basis, codec_for=self.layers)
+        extras_from = None
+        if extras:
+            extra = encode_state(extras, codec, rng)
+            extras_from = len(encoded.frames)
+            encoded = EncodedState(encoded.frames + extra.frames, encoded.payload_bytes + extra.payload_bytes,
+                                   encoded.fp32_bytes + extra.fp32_bytes)
 
         def commit() -> None:
             if residual is not None:
@@ -96,4 +105,4 @@ class Channel:
             if bits is not None:
                 self.stats.bits.append(int(bits))
 
-        return Outgoing(encoded, bits, commit)
+        return Outgoing(encoded, bits, commit, extras_from)

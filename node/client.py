@@ -27,6 +27,7 @@ from .schedule import BitSchedule, importance
 from .speculation import SpeculativeResults
 from .stages import Privacy, privacy_stage
 from .strategies import Strategy
+from .strategies.base import ClientStep
 from .strategies.fedavg import FedAvg
 from .training import LocalTraining, TrainingResult
 
@@ -117,13 +118,13 @@ class Trainer:
         # task's result would depend on which group it trained in, so none is trained ahead there
         self.speculated = SpeculativeResults() if self.cohorts.max_size == 1 else None
 
-    def train(self, state, indices, cfg: LocalTraining, rng, fixed_order=None, data: Dataset | None = None
-              ) -> tuple[dict[str, np.ndarray], TrainingResult]:
-        return self.cohorts.train(TrainRequest(state, data or self.task.train, indices, cfg, rng, fixed_order))
+    def train(self, state, indices, cfg: LocalTraining, rng, fixed_order=None, data: Dataset | None = None,
+              correction: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], TrainingResult]:
+        return self.cohorts.train(TrainRequest(state, data or self.task.train, indices, cfg, rng, fixed_order, correction))
 
 
 class ClientActor(Checkpointable):
-    STATE = ("rejected", "generation", "pending", "feedback", "rdp_spent", "closed_through")
+    STATE = ("rejected", "generation", "pending", "feedback", "rdp_spent", "closed_through", "strategy_state")
 
     def __init__(self, profile: ClientProfile, trainer: Trainer, cfg: ClientConfig):
         self.name = profile.name
@@ -137,6 +138,7 @@ class ClientActor(Checkpointable):
         self.up_stats = ChannelStats()
         self.rdp_spent: tuple[float, ...] | None = None  # the RDP curve of every release this client sent
         self.closed_through = -1  # the server said its rounds up to this one closed (round.notify_closed)
+        self.strategy_state = cfg.strategy.client_state()  # the strategy's own, per client (SCAFFOLD's c_i)
 
     # What training reads is made at the first task that needs it: an idle client of a large
     # population is its profile and a few counters, not arrays of its own.
@@ -229,7 +231,7 @@ class ClientActor(Checkpointable):
         that reads or changes this client's state (error feedback, budgets) wait for the delivery."""
         store = self.trainer.speculated
         if (store is None or msg.kind != "task" or not self.cfg.train or self.cfg.fedalign is not None
-                or msg.round <= self.closed_through or not self.cfg.strategy.local_update_is_pure):
+                or msg.round <= self.closed_through or not self.cfg.strategy.speculation_safe):
             return True
         if not store.has_room(msg.round):
             return False
@@ -262,11 +264,10 @@ class ClientActor(Checkpointable):
                             self.cfg.lambda_h)
         up = self.upload_channel()
         bits = up.bits(task.round, nu)
-
         generation = self.generation
+        status = self.profile.status(now.device)
 
         def work():
-            release = None
             if generation != self.generation:
                 return Reaction()  # the device went off and on while this task waited: it died with it
             if task.round <= self.closed_through:
@@ -277,11 +278,9 @@ class ClientActor(Checkpointable):
             # Decoded only now: a host may hold tasks for dozens of clients waiting their turn, and the
             # encoded frames are several times smaller than the dequantized float32 model.
             try:
-                state, basis = decode_state(task.frames, self.trainer.spec)
+                state, extras = self._decode_task(task)
             except CodecError as exc:
                 return self._reject(task, str(exc))
-            if basis != "weights":
-                return self._reject(task, "task must carry weights")
             # the aggregation weight: what it trained on (all its samples unless its session is capped)
             info = {"samples": samples if sampled is not None else trained_on, "bits": bits, "nu": nu}
             if self.cfg.checkin:
@@ -290,30 +289,15 @@ class ClientActor(Checkpointable):
             if sampled is not None:
                 data = self._aligned(sampled, target)
                 indices, order = np.arange(sampled.size), None
-            if self.cfg.train:
-                ahead = (self.trainer.speculated.take((self.name, task.preview))
-                         if task.preview and sampled is None and self.trainer.speculated is not None else None)
-                if ahead is not None:  # trained while the task was on its way (speculate)
-                    new_state, result, rng.bit_generator.state = ahead
-                else:
-                    new_state, result = self._local_update(state, local, rng, indices, order, data)
-                info["loss"], info["loss_rms"] = result.loss, result.loss_rms
-                new_state, release = dp.privatize(new_state, result, local, rng, info)
-                if release is not None and release.rdp is not None:  # DP-SGD: its epsilon so far, with this round
-                    spent = self._spent_with(release)
-                    info["dp_epsilon_total"] = accounting.rdp_epsilon(spent, self.cfg.privacy.accounting_delta)[0]
-            else:
-                new_state = state
+            step, release = self._trained(task, state, extras, info, dp, local, rng, indices, order, data, sampled is None)
             if sampled is not None:
-                steps = local.epochs * -(-int(indices.size) // local.batch_size)
-                fa = self.cfg.fedalign
-                update = fedalign.private_update(state, new_state, local.lr * steps, fa.clip, fa.epsilon, fa.delta, rng)
-                info.update(noise_scale=update.noise_scale, update_norm=update.norm)
-                if update.noise_scale > 0:
-                    release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
-                out = up.encode(update.delta, rng, bits=bits, is_delta=True)
+                out, aligned_release = self._fedalign_upload(state, step.state, local, indices, rng, info, up, bits)
+                release = aligned_release or release
             else:
-                out = up.encode(new_state, rng, bits=bits, reference=state, delta=self.cfg.strategy.uploads_delta)
+                out = up.encode(step.state, rng, bits=bits, reference=state, delta=self.cfg.strategy.uploads_delta,
+                                extras=step.extras)
+            if out.extras_from is not None:
+                info["extras_from"] = out.extras_from
             encoded = out.encoded
             update = Send(self.profile.aggregator, "update", task.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
 
@@ -323,18 +307,69 @@ class ClientActor(Checkpointable):
                 if task.round <= self.closed_through:
                     return Reaction()  # the server closed the round meanwhile: the update stays here
                 out.commit()
+                if step.client_state is not None:
+                    self.strategy_state = step.client_state
                 if release:
                     self.rdp_spent = self._spent_with(release)
                 return Reaction(sends=[update], reports=[self._released(task.round, release)] if release else [])
 
             return deliver
 
-        status = self.profile.status(now.device)
         busy = self._full_speed_seconds(trained_on, local.epochs, local.batch_size)
         if self.cfg.codec_time is not None:
             busy += self.cfg.codec_time.seconds(body.get("bits"), bits, self.profile.ms_per_sample)
         return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work,
                         cohort=self.cfg.train)
+
+    def _decode_task(self, task: Message) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The task's model (weights) and the arrays its strategy sends beside it."""
+        split = task.body.get("extras_from")
+        if split is not None and not (isinstance(split, int) and 1 <= split < len(task.frames)):
+            raise CodecError(f"extras_from {split!r} does not split the task's {len(task.frames)} frames")
+        state, basis = decode_state(task.frames[:split], self.trainer.spec)
+        if basis != "weights":
+            raise CodecError("task must carry weights")
+        wanted = self.cfg.strategy.extras_spec(self.trainer.spec, "down")
+        if not wanted:
+            return state, {}
+        if split is None:
+            raise CodecError(f"the task carries none of the arrays {self.cfg.strategy.name} sends beside the model")
+        extras, _ = decode_state(task.frames[split:], wanted)
+        return state, extras
+
+    def _trained(self, task: Message, state, extras, info: dict, dp, local: LocalTraining, rng, indices, order, data,
+                 may_be_ahead: bool):
+        """The strategy's client step on this session (or what speculation trained ahead), with the
+        privacy stage after it: (ClientStep, the privacy release or None)."""
+        if not self.cfg.train:
+            return ClientStep(state, None), None
+        ahead = (self.trainer.speculated.take((self.name, task.preview))
+                 if task.preview and may_be_ahead and self.trainer.speculated is not None else None)
+        if ahead is not None:  # trained while the task was on its way (speculate)
+            new_state, result, rng.bit_generator.state = ahead
+            step = ClientStep(new_state, result)
+        else:
+            step = self.cfg.strategy.client_step(
+                state, local, lambda start, config, correction=None: self.trainer.train(
+                    start, indices, config, rng, order, data, correction), extras, self.strategy_state)
+        result = step.result
+        info["loss"], info["loss_rms"] = result.loss, result.loss_rms
+        step.state, release = dp.privatize(step.state, result, local, rng, info)
+        if release is not None and release.rdp is not None:  # DP-SGD: its epsilon so far, with this round
+            spent = self._spent_with(release)
+            info["dp_epsilon_total"] = accounting.rdp_epsilon(spent, self.cfg.privacy.accounting_delta)[0]
+        return step, release
+
+    def _fedalign_upload(self, state, new_state, local: LocalTraining, indices, rng, info: dict, up: Channel, bits):
+        """FedAlign's update: the clipped, noised pseudo-gradient as a delta (Eq. 3.5-3.6)."""
+        steps = local.epochs * -(-int(indices.size) // local.batch_size)
+        fa = self.cfg.fedalign
+        update = fedalign.private_update(state, new_state, local.lr * steps, fa.clip, fa.epsilon, fa.delta, rng)
+        info.update(noise_scale=update.noise_scale, update_norm=update.norm)
+        release = None
+        if update.noise_scale > 0:
+            release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
+        return up.encode(update.delta, rng, bits=bits, is_delta=True), release
 
     def _session(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
         """The samples of this round's training session and their fixed batch order: all of them, or

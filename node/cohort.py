@@ -38,6 +38,7 @@ class TrainRequest:
     cfg: LocalTraining
     rng: np.random.Generator
     fixed_order: np.ndarray | None = None
+    correction: dict[str, np.ndarray] | None = None  # added to each step's gradient (a strategy's, as SCAFFOLD's)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -46,7 +47,7 @@ class TrainRequest:
     @property
     def key(self) -> tuple:
         """Requests with equal keys can train as one cohort."""
-        return self.cfg, self.steps_per_epoch
+        return self.cfg, self.steps_per_epoch, self.correction is not None
 
 
 def cohort_capable(model: nn.Module) -> bool:
@@ -84,6 +85,7 @@ def train_cohort(model: nn.Module, requests: Sequence[TrainRequest]) -> list[tup
               for n in names}
     anchor = {n: p.clone() for n, p in params.items()} if cfg.prox_mu > 0 else None
     estimates = [LipschitzEstimate(cfg.lr) for _ in requests] if cfg.estimate_lipschitz else None
+    offsets = _stacked_corrections(requests, params, device)
 
     if cfg.dpsgd is not None:
         # each client's noise comes from a torch generator seeded by one draw from its own rng
@@ -105,6 +107,8 @@ def train_cohort(model: nn.Module, requests: Sequence[TrainRequest]) -> list[tup
             width = cfg.batch_size * steps_per_epoch(max(p.size for p in picks), cfg.batch_size)  # Poisson batches may be larger
             x, y, weight, sizes = _stack_batch([r.data for r in requests], picks, [r.indices[0] for r in requests], width, device)
             grads, loss, per_sample = gradient(params, x, y, weight, sizes)
+            for n, offset in offsets.items():
+                grads[n] = grads[n] + offset
             if cfg.clip is not None or estimates is not None:
                 _clip_and_estimate(grads, cfg, estimates, position)
             with torch.no_grad():
@@ -122,6 +126,15 @@ def train_cohort(model: nn.Module, requests: Sequence[TrainRequest]) -> list[tup
         out.append((state, TrainingResult(float(last[c]), estimates[c].value if estimates else 0.0, int(r.indices.size),
                                           float(last_rms[c]))))
     return out
+
+
+def _stacked_corrections(requests: Sequence[TrainRequest], params: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """Each client's gradient correction, stacked like its parameters (zeros where it has none)."""
+    if all(r.correction is None for r in requests):
+        return {}
+    names = {n for r in requests if r.correction for n in r.correction if n in params}
+    return {n: torch.stack([torch.as_tensor(np.asarray(r.correction[n]), dtype=torch.float32) if r.correction and n in r.correction
+                            else torch.zeros(params[n].shape[1:]) for r in requests]).to(device) for n in sorted(names)}
 
 
 def _batch_gradient(model: nn.Module, cfg: LocalTraining, anchor: dict[str, torch.Tensor] | None):
@@ -303,7 +316,7 @@ class CohortTrainer:
         if r.cfg.dpsgd is not None:  # per-sample gradients: the vectorised path, a cohort of one
             return train_cohort(self.model, [r])[0]
         load_numpy_state(self.model, r.state)
-        result = train_local(self.model, r.data, r.indices, r.cfg, r.rng, r.fixed_order)
+        result = train_local(self.model, r.data, r.indices, r.cfg, r.rng, r.fixed_order, r.correction)
         return state_to_numpy(self.model), result
 
     def run_group(self, works: Sequence[Callable[[], Any]]) -> list[Any]:

@@ -115,7 +115,7 @@ class ServerActor(Checkpointable):
 
     def _control(self, rnd: RoundState) -> RoundControl:
         return RoundControl(rnd.index, rnd.selected, self.cfg.seed,
-                            lambda client, what, error: self._reject(rnd, client, what, error, {}))
+                            lambda client, what, error: self._reject(rnd, client, what, error, {}), len(self.clients))
 
     # ---- reactions --------------------------------------------------------------------------
     def react(self, msg: Message) -> Reaction:
@@ -174,12 +174,15 @@ class ServerActor(Checkpointable):
             return self._close(t)
         self.rounds_with_clients += 1
         bits = self.round.bits_down = self.downlink.bits(index)
-        out = self.downlink.encode(self.global_state, rng, bits=bits)
+        extras = self.strategy.round_extras(self.global_state)
+        out = self.downlink.encode(self.global_state, rng, bits=bits, extras=extras)
         out.commit()
         encoded = out.encoded
         n_max = max((self.cfg.samples.get(c, 0) for c in selected), default=0)
         body = {"epochs": self.cfg.epochs, "batch_size": self.cfg.batch_size, "lr": self.cfg.lr,
                 "bits": bits, "n_max": n_max, **self.strategy.configure_round(self._control(self.round), self.global_state)}
+        if out.extras_from is not None:
+            body["extras_from"] = out.extras_from
         timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
         return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes,
                                     early=True)],
@@ -206,7 +209,7 @@ class ServerActor(Checkpointable):
         rnd.waiting.discard(msg.src)
         record = {k: msg.body.get(k) for k in CLIENT_FIELDS}
         try:
-            state, basis = decode_state(msg.frames, self.spec)
+            state, basis, extras = self._decode_update(msg)
         except CodecError as exc:
             self._reject(rnd, msg.src, "update", str(exc), record)
         else:
@@ -214,7 +217,8 @@ class ServerActor(Checkpointable):
                 delta, state = state, {k: self.global_state[k] + state[k] for k in state}
             else:
                 delta = Difference(state, self.global_state)
-            self.strategy.on_update(ClientUpdate(msg.src, state, delta, float(msg.body.get("samples", 1)), record))
+            self.strategy.on_update(ClientUpdate(msg.src, state, delta, float(msg.body.get("samples", 1)), record,
+                                                 extras=extras))
             rnd.completed.append(msg.src)
             rnd.clients[msg.src] = {**record, "t_update": msg.t, "outcome": "ok"}
             self.selector.feedback(msg.src, rnd.index, int(msg.body.get("samples", 1)), msg.body.get("loss_rms"),
@@ -223,6 +227,19 @@ class ServerActor(Checkpointable):
                 rnd.losses.append(float(msg.body["loss"]))
         enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round
         return self._close(msg.t) if enough or not rnd.waiting else Reaction()
+
+    def _decode_update(self, msg: Message) -> tuple[dict[str, np.ndarray], str, dict[str, np.ndarray]]:
+        """An update's model (weights or a delta) and the arrays its strategy sends beside it."""
+        wanted = self.strategy.extras_spec(self.spec, "up")
+        if not wanted:
+            return (*decode_state(msg.frames, self.spec), {})
+        split = msg.body.get("extras_from")
+        if not (isinstance(split, int) and 1 <= split < len(msg.frames)):
+            raise CodecError(f"the update does not carry the arrays {self.strategy.name} sends beside the model "
+                             f"(extras_from {split!r})")
+        state, basis = decode_state(msg.frames[:split], self.spec)
+        extras, _ = decode_state(msg.frames[split:], wanted)
+        return state, basis, extras
 
     def _on_overdue(self, msg: Message) -> Reaction:
         """keeps_late: the update of a client a deadline cut off joins the round in progress (or the next)."""

@@ -74,11 +74,13 @@ def batches(indices: np.ndarray, cfg: LocalTraining, rng: np.random.Generator, f
 
 
 def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: LocalTraining,
-                rng: np.random.Generator, fixed_order: np.ndarray | None = None) -> TrainingResult:
+                rng: np.random.Generator, fixed_order: np.ndarray | None = None,
+                correction: dict[str, np.ndarray] | None = None) -> TrainingResult:
     """E epochs of minibatch SGD over the client's samples.
 
     With shuffle "once" the caller passes `fixed_order`, the same for every epoch (and round), so
-    batch position k holds the same samples in every epoch, which Eq. 1.9 compares."""
+    batch position k holds the same samples in every epoch, which Eq. 1.9 compares. A correction
+    (parameter name -> array, a strategy's: SCAFFOLD's c - c_i) is added to every step's gradient."""
     if cfg.dpsgd is not None:
         raise ValueError("DP-SGD needs per-sample gradients: it trains through node.cohort.train_cohort")
     model.train()
@@ -88,6 +90,7 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
     estimate = LipschitzEstimate(cfg.lr) if cfg.estimate_lipschitz else None
     fixed = fixed_order if cfg.shuffle == "once" else None
     anchor = [p.detach().clone() for p in params] if cfg.prox_mu > 0 else None
+    offsets = gradient_offsets(model, correction)
     last = last_rms = 0.0
     for _ in range(cfg.epochs):
         total, squares, count = 0.0, 0.0, 0
@@ -101,6 +104,8 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
                 squares += float((nn.functional.cross_entropy(out, y, reduction="none") ** 2).sum())
             objective = loss if anchor is None else loss + proximal_term(params, anchor, cfg.prox_mu)
             objective.backward()
+            for p, offset in offsets:
+                p.grad.add_(offset)
             grads = [p.grad for p in params if p.grad is not None]  # this step's own tensors
             if cfg.clip is not None:
                 clip_parts(grads, cfg.clip, cfg.clip_norm)
@@ -111,6 +116,14 @@ def train_local(model: nn.Module, data: Dataset, indices: np.ndarray, cfg: Local
             count += y.numel()
         last, last_rms = total / max(count, 1), (squares / max(count, 1)) ** 0.5
     return TrainingResult(last, estimate.value if estimate else 0.0, int(indices.size), last_rms)
+
+
+def gradient_offsets(model: nn.Module, correction: dict[str, np.ndarray] | None) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """(parameter, the tensor added to its gradient) for each corrected trainable parameter."""
+    if not correction:
+        return []
+    return [(p, torch.as_tensor(np.asarray(correction[name]), dtype=p.dtype).to(p.device))
+            for name, p in model.named_parameters() if p.requires_grad and name in correction]
 
 
 @torch.no_grad()

@@ -1,9 +1,12 @@
 """The FL algorithm as a plug-in, apart from transport and time.
 
-A Strategy is policy only: what a round asks of its clients, what an arriving update does, how
-the global model moves, and (on the client) how a client turns the global model into its own.
+A Strategy is policy only, both halves of it: on the server, what a round asks of its clients,
+what an arriving update does and how the global model moves; on the client, how it turns the
+global model into its own, with state of its own that outlives a round (and is checkpointed), and
+extra named arrays that travel beside the model both ways (counted on the wire like the model).
 It never sees a socket or a clock: the server actor (node/server.py) and the client actor
-(node/client.py) drive it, and own selection, timing, codecs and bookkeeping."""
+(node/client.py) drive it, and own selection, timing, codecs and bookkeeping. It declares what it
+works with (Capabilities), and the scenario schema refuses the rest from that declaration."""
 from __future__ import annotations
 
 import collections.abc
@@ -53,17 +56,42 @@ class ClientUpdate:
     weight: float  # its number of training samples
     info: dict[str, Any] = field(default_factory=dict)  # what it reported (loss, bits, ...)
     staleness: int = 0  # server steps taken since the client got its model (asynchronous strategies)
+    extras: State = field(default_factory=dict)  # the named arrays it sent beside its model (extras_spec "up")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a strategy works with. The scenario schema refuses any other combination, in one line
+    naming the key (emulator/scenario.py's _capabilities)."""
+    topologies: tuple[str, ...] = ("star", "hierarchical")
+    privacy: tuple[str, ...] = ("none", "laplace", "gaussian", "dpsgd")  # algorithm.privacy.mechanism
+    delta_codecs: bool = True  # works with codecs that send updates (sparsifiers, error feedback)
+    checkpoints: bool = True  # its state (STATE, and its clients') is data: run.checkpoint_every applies
+    communication_only: bool = True  # works with algorithm.train false (clients return the model they got)
+
+
+@dataclass
+class ClientStep:
+    """What a strategy's client half returns: the model to upload, the training result, the extra
+    arrays to send beside it, and the client's state from now on (kept only if the update leaves:
+    a round that closed first, or a device that went off, keeps the old one)."""
+    state: State
+    result: Any
+    extras: State = field(default_factory=dict)
+    client_state: dict[str, Any] | None = None
 
 
 class RoundControl:
     """What a strategy may do to the round in progress besides aggregating: refuse a client's
     message (it then counts as failed) and name the round. Given by the server actor."""
 
-    def __init__(self, index: int, selected: list[str], seed: int, reject: Callable[[str, str, str], None]):
+    def __init__(self, index: int, selected: list[str], seed: int, reject: Callable[[str, str, str], None],
+                 population: int = 0):
         self.index = index
         self.selected = selected
         self.seed = seed
         self.reject = reject  # (client, what, error)
+        self.population = population  # the clients the server serves (N)
 
 
 TrainFn = Callable[[State, Any], tuple[State, Any]]
@@ -80,6 +108,7 @@ class Strategy:
     message_kinds: ClassVar[tuple[str, ...]] = ()  # extra client -> server messages handled by on_message
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that outlive a round (checkpointed)
     options_key: ClassVar[str] = "options"  # where a scenario keeps its options: algorithm.<options_key>
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
     def __init__(self, options: Options | Mapping[str, Any] | None = None, *, seed: int = 0):
         self.options = options if isinstance(options, self.Options) else self.Options.model_validate(dict(options or {}))
@@ -122,10 +151,45 @@ class Strategy:
     # before the task arrives (run.speculate). A strategy with client-side state sets this False.
     local_update_is_pure = True
 
+    @property
+    def speculation_safe(self) -> bool:
+        """Whether a host may train a task before it arrives: the client half is local_update alone,
+        pure, and needs nothing sent beside the model."""
+        return (self.local_update_is_pure and type(self).client_step is Strategy.client_step
+                and not self.has_extras)
+
     def local_update(self, state: State, config, train: TrainFn) -> tuple[State, Any]:
         """A client's new model from the global one. `train(state, config)` runs local SGD
         (node.training.LocalTraining config) on the client's data and returns (state, result)."""
         return train(state, config)
+
+    def client_step(self, state: State, config, train: TrainFn, extras: State, client_state: dict[str, Any]) -> ClientStep:
+        """The whole client half: from the global model, the arrays the server sent beside it
+        (extras_spec "down") and this client's own state (client_state() at first), the model to
+        upload and what goes with it. `train(state, config, correction=None)` runs local SGD; a
+        correction (name -> array) is added to every step's gradient of those parameters. By
+        default: local_update, nothing extra, no state."""
+        new_state, result = self.local_update(state, config, train)
+        return ClientStep(new_state, result)
+
+    def client_state(self) -> dict[str, Any]:
+        """A client's own state before its first round (per client, kept across rounds and in checkpoints)."""
+        return {}
+
+    # ---- extra arrays beside the model --------------------------------------------------------
+    def extras_spec(self, model_spec: dict[str, tuple[tuple[int, ...], str]], direction: str
+                    ) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The names and shapes of the arrays sent beside the model: "down" with a task, "up" with
+        an update. A receiver refuses anything else."""
+        return {}
+
+    def round_extras(self, global_state: State) -> State:
+        """Server: the arrays every task of this round carries beside the model (extras_spec "down")."""
+        return {}
+
+    @property
+    def has_extras(self) -> bool:
+        return type(self).extras_spec is not Strategy.extras_spec
 
     # ---- checkpoints ----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
