@@ -62,10 +62,8 @@ class Deliver(Event):
         net.deliver(sock, self.env, self.frames)
 
     def portable(self) -> "Deliver":
-        """With its frames as bytes (ZeroMQ buffers do not pickle); a restored run's hosts hold no
-        previews, and its network numbers them from 1 again."""
-        env = {**self.env, "preview": 0} if "preview" in self.env else self.env
-        return Deliver(env, _as_bytes(self.frames))
+        """With its frames as bytes (ZeroMQ buffers do not pickle)."""
+        return Deliver(self.env, _as_bytes(self.frames))
 
 
 @dataclass(eq=False)
@@ -93,7 +91,7 @@ class FlowStart(Event):
 
     def portable(self) -> "FlowStart":
         tr = self.transfer
-        return FlowStart(replace(tr, frames=_as_bytes(tr.frames), deliver_env={**tr.deliver_env, "preview": 0}))
+        return FlowStart(replace(tr, frames=_as_bytes(tr.frames)))
 
 
 @dataclass(eq=False)

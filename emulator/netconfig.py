@@ -62,7 +62,6 @@ class NetworkConfig:
     restore: str | None = None  # a checkpoint's network state to continue from
     listen: str | None = None  # a TCP endpoint for hosts on other machines, bound besides `endpoint`, CURVE only
     run_keys: RunKeys | None = None  # with listen: the run's key pair and the host keys it admits
-    previews: bool = True  # run.speculate: show early sends to their receivers' hosts as their transfers begin
 
     def link(self, actor: str) -> Link:
         return self.links.get(actor, Link())

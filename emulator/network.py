@@ -21,7 +21,6 @@ from protocol.curve import ZapHandler
 
 from .checkpoints import Checkpoints
 from .clock import Deliver, EventClock, FlowStart, Halt, TakeCheckpoint, Tick
-from .flows.links import INF
 from .netconfig import CONDUCTOR, NETWORK, SERVER, NetworkConfig
 from .peers import PeerGuard
 from .timeline import DeviceTimeline
@@ -39,8 +38,7 @@ class Network:
         self.transfers = Transfers(cfg, self.clock, self.timeline, self.dead, lambda body: self.to_conductor("record", body))
         self.checkpoints = Checkpoints(self)
         self._outbox: list[bytes] = []
-        self._to_peers: list[tuple[str, list[Any]]] = []  # heartbeat answers and previews, sent before any delivery
-        self.preview_ids = itertools.count(1)
+        self._to_peers: list[tuple[str, list[Any]]] = []  # heartbeat answers, sent before any delivery
         self.zap: ZapHandler | None = None  # with cfg.listen: who may connect over TCP (emulator/netshell.py)
         self._answer_records: list[tuple[int, bytes]] = []  # see _on_done
         self.hold_ids = itertools.count()
@@ -188,41 +186,15 @@ class Network:
         if any(f.kind == "truncate" and f.active(src, t) for f in self.cfg.faults):
             payload = truncated(payload)
         payload_frame_bytes = sum(memoryview(f).nbytes for f in payload)
-        preview = 0
-        if env.get("early") and self.cfg.previews and payload_frame_bytes:
-            preview = self._show_early(src, dsts, env, payload, t, payload_frame_bytes)
         for i, dst in enumerate(dsts):
             deliver_env = {"src": src, "dst": dst, "kind": env["kind"], "round": env["round"], "t": 0.0, "body": env["body"],
-                           "fanout": len(dsts) > 1 and payload_frame_bytes > 0, "preview": preview}
+                           "fanout": len(dsts) > 1 and payload_frame_bytes > 0}
             unicast = envelope.pack("send", src=src, dst=dst, kind=env["kind"], round=env["round"], t=t, n=env["n"],
                                     body=env["body"], payload=env["payload"], fp32=env["fp32"])
             wire = len(unicast) + payload_frame_bytes
             tr = Transfer(-1, src, dst, env["kind"], env["round"], t, env["payload"], env["fp32"],
                           wire, self.cfg.framing.link_bytes(wire), deliver_env, payload, (src, env["n"], i))
             self.clock.push(t, src, env["n"], i, FlowStart(tr))
-
-    def _show_early(self, src: str, dsts: list[str], env: dict[str, Any], payload: list[Any], t: float,
-                    payload_bytes: int) -> int:
-        """Preview an early send to the hosts of its reachable receivers, once per host with the
-        payload, and return the preview's id (its deliveries carry it). A host may use it while its
-        worker would idle (run.speculate); the emulation does not see it. Each receiver's eta is
-        when the message would arrive alone on its links: a host works through the earliest first."""
-        key = next(self.preview_ids)
-        up_bps = self.cfg.link(src).up_bps
-        by_peer: dict[str, tuple[list[str], list[float]]] = {}
-        for dst in dsts:
-            peer = self.actor_peer.get(dst)
-            if peer is None or peer == CONDUCTOR or dst in self.dead or not self.timeline.reachable(dst):
-                continue
-            rate = min(up_bps, self.cfg.link(dst).down_bps)
-            names, etas = by_peer.setdefault(peer, ([], []))
-            names.append(dst)
-            etas.append(t + self.cfg.one_way(src, dst) + (payload_bytes * 8.0 / rate if rate < INF else 0.0))
-        for peer, (names, etas) in by_peer.items():
-            header = envelope.pack("preview", src=src, dst=names, kind=env["kind"], round=env["round"], body=env["body"],
-                                   preview=key, eta=etas)
-            self._to_peers.append((peer, [header, *payload]))
-        return key
 
     def _on_done(self, peer: str, env: dict[str, Any], _: list[Any]) -> None:
         hid = env["hold"]
@@ -293,7 +265,7 @@ class Network:
         if env["src"] != NETWORK and not self.timeline.reachable(dst):
             return  # went off while the message was in flight (its transfer was already recorded)
         if self._to_peers:
-            self._flush_peers(sock)  # a preview goes out before any delivery of its message
+            self._flush_peers(sock)
         env["t"] = self.now
         hold = next(self.hold_ids)
         self.holds.deliver(hold, dst, self.now)
@@ -355,7 +327,7 @@ class Network:
             try:
                 sock.send_multipart([peer.encode(), *parts], zmq.NOBLOCK, copy=False)
             except zmq.ZMQError:
-                pass  # a peer that is gone or not keeping up: an answer or preview it does not need
+                pass  # a peer that is gone or not keeping up: an answer it does not need
         self._to_peers.clear()
 
     def _flush(self, sock: zmq.Socket) -> None:

@@ -21,7 +21,7 @@ class Reports:
         self.handlers: dict[str, Callable[[dict[str, Any], RunWriter], bool | None]] = {
             "round": self.round_row, "edge_round": lambda body, writer: writer.edge_round(body),
             "ring_round": self._ring_round, "ring_finished": self._ring_finished, "device": self._device,
-            "cohort": self._cohort, "speculation": self._speculation, "clock_started": self._clock_started,
+            "cohort": self._cohort, "clock_started": self._clock_started,
             "privacy": lambda body, writer: writer.privacy_release(body), "error": self._incident,
             "rejected": self._incident, "no_eligible_clients": self._no_eligible_clients,
             "checkpoint": self._commit_checkpoint, "checkpoint_skipped": self._checkpoint_skipped,
@@ -90,12 +90,6 @@ class Reports:
         cohorts = writer.summary.setdefault("cohorts", {}).setdefault(body.get("peer"), {"groups": 0, "clients": 0, "largest": 0})
         size = int(body.get("size", 0))
         cohorts.update(groups=cohorts["groups"] + 1, clients=cohorts["clients"] + size, largest=max(cohorts["largest"], size))
-
-    def _speculation(self, body: dict[str, Any], writer: RunWriter) -> None:
-        """Cumulative counts of one host: its latest report stands."""
-        hosts = writer.summary.setdefault("speculation", {}).setdefault("hosts", {})
-        hosts[body.get("peer")] = {k: int(body.get(k, 0)) for k in ("trained_ahead", "used", "dropped")}
-        writer.summary["speculation"].update({k: sum(h[k] for h in hosts.values()) for k in ("trained_ahead", "used", "dropped")})
 
     def _clock_started(self, body: dict[str, Any], writer: RunWriter) -> None:
         self.run.startup_s = time.monotonic() - self.run.t0

@@ -626,10 +626,16 @@ class Run(Strict):
     checkpoint_every: Optional[int] = Field(
         None, ge=1, description="write RUN_DIR/checkpoint after every this many rounds (at the round's end, when no "
                                 "client is still working); `python -m emulator resume RUN_DIR` continues from it")
-    speculate: bool = Field(
-        True, description="a host whose worker would idle trains a task it has been shown as its download began (the "
-                          "network previews the server's tasks); the delivery then takes the result. Wall time only: "
-                          "a run's results are the same either way (a host training in cohorts does not speculate)")
+    speculate: Optional[bool] = Field(None, description="removed: speculation saved under 10 % of the flagship's "
+                                                         "wall time (docs/2026-12-06-house.md)")
+
+    @field_validator("speculate")
+    @classmethod
+    def _speculation_removed(cls, v):
+        if v is not None:
+            raise ValueError("removed: hosts no longer train tasks ahead of their delivery (it saved under 10 % of the "
+                             "flagship's wall time: 9.6 % over five interleaved pairs); delete the key")
+        return v
 
 
 class Scenario(Strict):

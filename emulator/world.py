@@ -283,8 +283,7 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
                           alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
                           fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
-                          cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names),
-                          speculate_share=_speculate_share(sc))
+                          cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names))
     return server, client
 
 
@@ -456,14 +455,6 @@ def _codec_time(sc: Scenario, task: TaskSpec, server: ServerConfig, schedule: Bi
     inputs, labels = task.train.batch(np.arange(min(64, len(task.train.y))))
     return calibrate(task.build(), inputs, labels, server.down_codec, up, bit_lengths(server.down_codec), bit_lengths(up),
                      noise, down_layers=server.down_layers, up_layers=alg.codec.up.build_layers(tensor_names))
-
-
-def _speculate_share(sc: Scenario) -> float:
-    """The share of a round's tasks a host trains ahead (run.speculate): where the round closes at
-    the first clients_per_round of clients_per_round * over_selection asked, about 1 / over_selection
-    of them count, and the ones left out are mostly those whose work is ready last."""
-    over = sc.selection.over_selection
-    return 1.0 / over if sc.round.policy == "first_k" and over > 1.0 else 1.0
 
 
 def _trace_records(path: str | None, key: str) -> list[tuple[str, dict]] | None:

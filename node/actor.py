@@ -19,7 +19,6 @@ class Message:
     body: dict[str, Any]
     frames: Sequence[Any] = ()
     device: dict[str, Any] | None = None  # the receiving device's state at t (battery, charging, cpu_load, link)
-    preview: int = 0  # > 0: this message was shown to the actor's host early under this id (see Actor.speculate)
 
 
 @dataclass
@@ -31,7 +30,6 @@ class Send:
     frames: Sequence[Any] = ()
     payload_bytes: int = 0  # encoded tensor values only
     fp32_bytes: int = 0  # what the same tensors would cost as fp32
-    early: bool = False  # the receivers may see it when its transfer begins, to prepare (Actor.speculate)
 
 
 Report = Union[dict[str, Any], Callable[[], dict[str, Any]]]
@@ -84,14 +82,3 @@ class Actor(Protocol):
     name: str
 
     def react(self, msg: Message) -> Reaction: ...
-
-    # Optional. An early send's message, shown before it arrives (msg.t and msg.device unknown:
-    # 0 and None). The actor may compute now, on the worker thread while it would idle, what the
-    # real delivery will need, keyed by msg.preview, provided the outcome is exactly what the
-    # delivery would compute (speculation saves wall time only; it must never change a run).
-    # False: not now (no room for another result), ask again after the next job; True: done.
-    # def speculate(self, msg: Message) -> bool: ...
-
-    # Optional, with speculate. When the work of a message shown early would be ready, estimated
-    # from eta, the earliest it could arrive: the worker prepares the earliest first.
-    # def speculation_ready(self, msg: Message, eta: float) -> float: ...

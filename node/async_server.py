@@ -82,7 +82,7 @@ class AsyncServer(ServerActor):
             self.inflight[name] = d
             if self.cfg.checkin:
                 self.pool.pop(name, None)  # it must check in (or report back) again to be chosen again
-            sends.append(Send(name, "task", d.id, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes, early=True))
+            sends.append(Send(name, "task", d.id, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes))
             out.commit()
             if self.cfg.round_timeout_s:
                 timers.append((t + self.cfg.round_timeout_s, f"timeout:{d.id}"))

@@ -24,7 +24,6 @@ from .data import Dataset, with_input_noise
 from .device import DevicePlan
 from .models import build_model, state_spec
 from .schedule import BitSchedule, importance
-from .speculation import SpeculativeResults
 from .stages import Privacy, privacy_stage
 from .strategies import Strategy
 from .strategies.base import ClientStep
@@ -100,9 +99,6 @@ class ClientConfig:
     strategy: Strategy = field(default_factory=FedAvg)  # its client side: how the global model becomes this client's
     cohort: str | int = "auto"  # algorithm.cohort: the largest group of clients a host trains together
     codec_time: CodecTime | None = None  # algorithm.charge_codec_time: the host's measured codec seconds
-    # of a round's tasks shown early to a host, the share trained ahead (likeliest to be ready first):
-    # with over-selection only about 1 / over_selection of them count (emulator/world.py sets it)
-    speculate_share: float = 1.0
 
 
 class Trainer:
@@ -114,9 +110,6 @@ class Trainer:
         self.model = task.build()
         self.spec = state_spec(self.model)
         self.cohorts = CohortTrainer(self.model, resolve_cohort(cohort, self.model, task.device))
-        # tasks trained before their delivery (ClientActor.speculate), one by one: with cohorts a
-        # task's result would depend on which group it trained in, so none is trained ahead there
-        self.speculated = SpeculativeResults() if self.cohorts.max_size == 1 else None
 
     def train(self, state, indices, cfg: LocalTraining, rng, fixed_order=None, data: Dataset | None = None,
               correction: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], TrainingResult]:
@@ -203,50 +196,9 @@ class ClientActor(Checkpointable):
     def _task_rng(self, round_: int) -> np.random.Generator:
         return np.random.default_rng([self.cfg.seed, round_, self.profile.index])
 
-    def _local_update(self, state, local: LocalTraining, rng: np.random.Generator, indices: np.ndarray,
-                      order: np.ndarray | None, data: Dataset):
-        return self.cfg.strategy.local_update(
-            state, local, lambda start, config: self.trainer.train(start, indices, config, rng, order, data))
-
-    def speculation_ready(self, msg: Message, eta: float) -> float:
-        """When the work of a task shown early would be ready, estimated (Actor.speculation_ready):
-        its earliest arrival plus the session's training time on the unloaded device."""
-        samples = int(self.profile.indices.size)
-        if self.cfg.max_samples:
-            samples = min(samples, self.cfg.max_samples)
-        try:
-            epochs, batch = int(msg.body["epochs"]), int(msg.body["batch_size"])
-        except (KeyError, TypeError, ValueError):
-            return eta  # not a task this client would train: its delivery rejects it
-        return eta + self._full_speed_seconds(samples, epochs, batch)
-
     def _full_speed_seconds(self, samples: int, epochs: int, batch_size: int) -> float:
         """A session's training time on this client's device, unloaded."""
         return full_speed_seconds(self.profile.ms_per_sample, samples, epochs, batch_size, self.profile.ms_per_batch)
-
-    def speculate(self, msg: Message) -> bool:
-        """Train a task shown early (Actor.speculate), as its delivery's work would: the same start,
-        session, schedule and seeds; the result and the state of the task's random generator after
-        training are kept for that work. Only the training: privacy noise, coding and everything
-        that reads or changes this client's state (error feedback, budgets) wait for the delivery."""
-        store = self.trainer.speculated
-        if (store is None or msg.kind != "task" or not self.cfg.train or self.cfg.fedalign is not None
-                or msg.round <= self.closed_through or not self.cfg.strategy.speculation_safe):
-            return True
-        if not store.has_room(msg.round):
-            return False
-        try:
-            state, basis = decode_state(msg.frames, self.trainer.spec)
-        except CodecError:
-            return True  # the delivery rejects it
-        if basis != "weights":
-            return True
-        _, local = self._local_training(msg.body)
-        session, order = self._session(msg.round)
-        rng = self._task_rng(msg.round)
-        new_state, result = self._local_update(state, local, rng, session, order, self.data)
-        store.put((self.name, msg.preview), msg.round, (new_state, result, rng.bit_generator.state))
-        return True
 
     def _train(self, task: Message, now: Message, sampled: np.ndarray | None = None,
                target: dict[str, np.ndarray] | None = None) -> Reaction:
@@ -289,7 +241,7 @@ class ClientActor(Checkpointable):
             if sampled is not None:
                 data = self._aligned(sampled, target)
                 indices, order = np.arange(sampled.size), None
-            step, release = self._trained(task, state, extras, info, dp, local, rng, indices, order, data, sampled is None)
+            step, release = self._trained(state, extras, info, dp, local, rng, indices, order, data)
             if sampled is not None:
                 out, aligned_release = self._fedalign_upload(state, step.state, local, indices, rng, info, up, bits)
                 release = aligned_release or release
@@ -337,21 +289,14 @@ class ClientActor(Checkpointable):
         extras, _ = decode_state(task.frames[split:], wanted)
         return state, extras
 
-    def _trained(self, task: Message, state, extras, info: dict, dp, local: LocalTraining, rng, indices, order, data,
-                 may_be_ahead: bool):
-        """The strategy's client step on this session (or what speculation trained ahead), with the
-        privacy stage after it: (ClientStep, the privacy release or None)."""
+    def _trained(self, state, extras, info: dict, dp, local: LocalTraining, rng, indices, order, data):
+        """The strategy's client step on this session, with the privacy stage after it:
+        (ClientStep, the privacy release or None)."""
         if not self.cfg.train:
             return ClientStep(state, None), None
-        ahead = (self.trainer.speculated.take((self.name, task.preview))
-                 if task.preview and may_be_ahead and self.trainer.speculated is not None else None)
-        if ahead is not None:  # trained while the task was on its way (speculate)
-            new_state, result, rng.bit_generator.state = ahead
-            step = ClientStep(new_state, result)
-        else:
-            step = self.cfg.strategy.client_step(
-                state, local, lambda start, config, correction=None: self.trainer.train(
-                    start, indices, config, rng, order, data, correction), extras, self.strategy_state)
+        step = self.cfg.strategy.client_step(
+            state, local, lambda start, config, correction=None: self.trainer.train(
+                start, indices, config, rng, order, data, correction), extras, self.strategy_state)
         result = step.result
         info["loss"], info["loss_rms"] = result.loss, result.loss_rms
         step.state, release = dp.privatize(step.state, result, local, rng, info)

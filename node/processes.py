@@ -50,9 +50,6 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
         cohorts = trainer.cohorts
         if cohorts.max_size > 1:
             group = {"run_group": cohorts.run_group, "group_size": cohorts.max_size}
-        if trainer.speculated is not None:
-            group["speculation_stats"] = trainer.speculated.stats
-            group["speculate_share"] = cfg.speculate_share
         device_info["cohort"] = cohorts.max_size
     Runtime(peer, endpoint, actors, parent_pid, restore, announce={"type": "device", **device_info},
             secure=secure, silence_s=silence_s, **group).run()

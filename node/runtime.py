@@ -3,15 +3,11 @@
 This is the only node code that touches sockets. It speaks the clock protocol: every delivery
 is answered by `done` (with `busy_until` when the actor started modelled work), and the outcome
 of that work is sent stamped with its ready time, then the hold is released. Work runs on one
-worker thread, earliest ready time first, so the socket keeps answering deliveries meanwhile.
-When it has no work, the worker lets actors prepare for messages they have been shown early
-(previews, see Actor.speculate), those whose work would be ready first (Actor.speculation_ready)
-first, and of each preview only the share `speculate_share` of its receivers here that come first."""
+worker thread, earliest ready time first, so the socket keeps answering deliveries meanwhile."""
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import os
 import pickle
 import queue
@@ -46,14 +42,6 @@ class _Job:
     cohort: bool = field(compare=False, default=False)
 
 
-@dataclass(order=True)
-class _Preview:
-    ready: float  # when the receiver's work would be ready, estimated (else its earliest arrival)
-    seq: int
-    actor: str = field(compare=False)
-    msg: Message = field(compare=False)  # its frames are shared by the preview's receivers on this host
-
-
 def _own_copy(frames: list[Any]) -> list[bytearray]:
     """Frames that several messages share, copied for one of them: decoding can return views of
     the frames, and an actor may write into what it decoded."""
@@ -71,16 +59,8 @@ class Runtime:
     def __init__(self, peer: str, endpoint: str, actors: list[Actor], parent_pid: int | None = None,
                  restore: list[str] | None = None, announce: dict | None = None,
                  run_group: Callable[[list[Callable[[], Any]]], list[Any]] | None = None, group_size: int = 1,
-                 secure: Callable[[zmq.Socket], None] | None = None, silence_s: float | None = None,
-                 speculation_stats: Callable[[], dict[str, int]] | None = None, speculate_share: float = 1.0):
+                 secure: Callable[[zmq.Socket], None] | None = None, silence_s: float | None = None):
         self.peer = peer
-        # Of each preview only this share of its receivers here is trained ahead, those whose work
-        # would be ready first: the last of a round's receivers are the likeliest to be left out
-        # when it closes (over-selection), and work trained for them is thrown away.
-        self.speculate_share = speculate_share
-        # how the actors' prepared results fared (used, dropped), reported with the count trained ahead
-        self.speculation_stats = speculation_stats
-        self._speculation_reported: dict[str, int] = {}
         # A host on another machine has no parent to outlive: it connects with the run's keys
         # (secure sets the socket's options) and leaves when the network has been silent for
         # silence_s (the network answers every heartbeat).
@@ -110,10 +90,6 @@ class Runtime:
         self._job_started: float | None = None  # wall time the worker's current job began
         self._last_delivery = 0.0  # wall time of the latest delivery (cohorts gather while they come)
         self._shared: tuple[int, list[Any]] = (0, [])  # the shared payload kept (see _shared_payload)
-        self._previews: list[_Preview] = []  # messages shown early, for actors that speculate; under _jobs_cv
-        self._previewed: set[tuple[str, int]] = set()  # (actor, preview id) of those not yet taken or delivered
-        self._speculation_waits = False  # an actor said "not now": ask again after the next job
-        self.speculated = 0
         self.refused = 0
         self._refused_unlogged = 0
         self._last_refusal_log = -float("inf")
@@ -148,25 +124,14 @@ class Runtime:
     def _worker(self, wake: Callable[[], None]) -> None:
         while True:
             with self._jobs_cv:
-                while not self._jobs and not self._stopping and not (self._previews and not self._speculation_waits):
+                while not self._jobs and not self._stopping:
                     self._jobs_cv.wait()
                 if self._stopping:
                     return
-                if not self._jobs:
-                    preview = heapq.heappop(self._previews)
-                    if (preview.actor, preview.msg.preview) not in self._previewed:
-                        continue  # delivered meanwhile: the delivery's own work computes it
-                    group = []
-                else:
-                    group = [heapq.heappop(self._jobs)]
-                    if group[0].cohort and self.group_size > 1:
-                        self._gather_cohort(group)
+                group = [heapq.heappop(self._jobs)]
+                if group[0].cohort and self.group_size > 1:
+                    self._gather_cohort(group)
                 self._job_started = time.monotonic()
-            if not group:
-                self._speculate(preview)
-                self._job_started = None
-                self._report_speculation()
-                continue
             if len(group) == 1:
                 outcomes = [self._guarded(group[0])()]
             else:
@@ -175,59 +140,7 @@ class Runtime:
             for job, outcome in zip(group, outcomes):
                 self._finished.put((job, outcome))
             self._job_started = None
-            self._speculation_waits = False  # the job may have taken a prepared result: room again
-            self._report_speculation()
             wake()
-
-    def _report_speculation(self) -> None:
-        """The host's speculation so far, to the conductor, whenever it changed."""
-        if self.speculation_stats is None:
-            return
-        counts = {"trained_ahead": self.speculated, **self.speculation_stats()}
-        if counts != self._speculation_reported and any(counts.values()):
-            self._speculation_reported = counts
-            self._reports.put({"type": "speculation", **counts})
-
-    def _speculate(self, preview: _Preview) -> None:
-        """Let the actor prepare for a previewed message, on its own copy of the frames. A failure
-        only costs the preparation: the delivery computes it anew."""
-        msg = preview.msg
-        copy = Message(msg.src, msg.dst, msg.kind, msg.round, msg.t, msg.body, _own_copy(msg.frames), None, msg.preview)
-        try:
-            done = self.actors[preview.actor].speculate(copy)
-        except Exception:
-            traceback.print_exc()
-            done = True
-        with self._jobs_cv:
-            if not done and (preview.actor, msg.preview) in self._previewed:
-                heapq.heappush(self._previews, preview)
-                self._speculation_waits = True
-            else:
-                self._previewed.discard((preview.actor, msg.preview))
-                self.speculated += done
-
-    def _preview(self, env: dict[str, Any], frames: list[Any]) -> None:
-        """A message shown early (op preview): queued for the actors here that speculate."""
-        if self.group_size > 1:
-            return  # work runs in groups here, and a speculation runs alone: it could compute differently
-        candidates = []
-        for dst, eta in zip(env["dst"], env["eta"]):
-            actor = self.actors.get(dst)
-            if actor is None:
-                self._refuse(f"preview for unknown actor {dst!r}")
-                continue
-            if not hasattr(actor, "speculate"):
-                continue
-            msg = Message(env["src"], dst, env["kind"], env["round"], 0.0, env["body"], frames, None, env["preview"])
-            ready = actor.speculation_ready(msg, float(eta)) if hasattr(actor, "speculation_ready") else float(eta)
-            candidates.append((ready, dst, msg))
-        candidates.sort(key=lambda c: c[0])  # stable: ties keep the network's order
-        with self._jobs_cv:
-            for ready, dst, msg in candidates[:math.ceil(self.speculate_share * len(candidates))]:
-                self._previewed.add((dst, env["preview"]))
-                heapq.heappush(self._previews, _Preview(ready, next(self._job_seq), dst, msg))
-            self._speculation_waits = False
-            self._jobs_cv.notify()
 
     def _gather_cohort(self, group: list[_Job]) -> None:
         """Fill the group with queued cohort jobs, waiting for more while deliveries keep coming
@@ -283,10 +196,9 @@ class Runtime:
     # ---- protocol ------------------------------------------------------------------------
     def _emit(self, sock: zmq.Socket, actor: str, reaction: Reaction, t: float) -> None:
         for send in reaction.sends:
-            early = {"early": True} if send.early else {}
             env = envelope.pack("send", src=actor, dst=send.dst, kind=send.kind, round=send.round, t=t,
                                 n=next(self.counters[actor]), body=send.body,
-                                payload=send.payload_bytes, fp32=send.fp32_bytes, **early)
+                                payload=send.payload_bytes, fp32=send.fp32_bytes)
             sock.send_multipart([env, *send.frames], copy=False)
         for at, tag in reaction.timers:
             sock.send(envelope.pack("timer", actor=actor, at=at, tag=tag))
@@ -320,11 +232,7 @@ class Runtime:
                 self._refuse(f"delivery for unknown actor {env['dst']!r}")
             sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
             return
-        if env["preview"]:
-            with self._jobs_cv:  # its own work is queued now: a speculation not yet begun would be wasted
-                self._previewed.discard((env["dst"], env["preview"]))
-        msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames, env["device"],
-                      env["preview"])
+        msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames, env["device"])
         try:
             reaction = actor.react(msg)
         except Exception:
@@ -414,8 +322,6 @@ class Runtime:
                             return
                         if env["op"] == "deliver":
                             self._deliver(sock, env, frames[1:])
-                        elif env["op"] == "preview":
-                            self._preview(env, frames[1:])
                         elif env["op"] == "snapshot":
                             self._snapshot(sock, env["path"])
                         elif env["op"] == "alive_ack":

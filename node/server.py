@@ -184,8 +184,7 @@ class ServerActor(Checkpointable):
         if out.extras_from is not None:
             body["extras_from"] = out.extras_from
         timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
-        return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes,
-                                    early=True)],
+        return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)],
                         timers=timers, reports=[notice] if notice else [])
 
     def _no_eligible_clients(self, index: int, since: float, t: float, pool: dict, fit: list[str]) -> dict[str, Any]:

@@ -30,18 +30,12 @@ class Defaulted:
 # op -> {field: type}; every field listed is required unless Defaulted, no other field is allowed.
 SCHEMA: dict[str, dict[str, Any]] = {
     "hello": {"peer": _STR, "actors": _LIST},
-    # early: the receivers' hosts may be shown the message when its transfer begins (op preview)
     "send": {"src": _STR, "dst": (str, list), "kind": _STR, "round": _INT, "t": _NUM, "n": _INT, "body": _MAP,
-             "payload": _INT, "fp32": _INT, "early": Defaulted(bool, False)},
+             "payload": _INT, "fp32": _INT},
     # shared > 0: the payload of a send to several actors, which crosses to a peer once: with frames,
     # the peer keeps them as shared payload `shared` (in place of the one it kept); without, it uses them
-    # preview > 0: the id of the preview this message was shown in before it arrived
     "deliver": {"src": _STR, "dst": _STR, "kind": _STR, "round": _INT, "t": _NUM, "hold": _INT, "body": _MAP,
-                "device": (dict, type(None)), "shared": _INT, "preview": Defaulted(int, 0)},
-    # an early send as its transfer begins, for the receivers on one peer (with payload frames): a
-    # host may prepare for it while idle; it is not a delivery, and nothing about it is on the clock.
-    # eta[i]: the earliest emulated time dst[i] could have it (alone on its links)
-    "preview": {"src": _STR, "dst": _LIST, "kind": _STR, "round": _INT, "body": _MAP, "preview": _INT, "eta": _LIST},
+                "device": (dict, type(None)), "shared": _INT},
     "done": {"actor": _STR, "hold": _INT, "busy_until": (int, float, type(None)), "busy_s": (int, float, type(None))},
     "timer": {"actor": _STR, "at": _NUM, "tag": _STR},
     "report": {"body": _MAP},
@@ -61,7 +55,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "join_refused": {"why": _STR},
 }
 # numbers that are counts, ids or times: never negative
-NONNEGATIVE = frozenset({"n", "payload", "fp32", "hold", "at", "busy_until", "busy_s", "shared", "preview"})
+NONNEGATIVE = frozenset({"n", "payload", "fp32", "hold", "at", "busy_until", "busy_s", "shared"})
 INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -108,11 +102,8 @@ def unpack(frame: Any) -> dict[str, Any]:
             _check_number(op, field, value)
     if "kind" in schema and env["kind"] not in KINDS:
         raise ProtocolError(f"{op}: message kind {env['kind']!r} unknown")
-    if op in ("send", "preview") and isinstance(env["dst"], list) and not all(isinstance(d, str) for d in env["dst"]):
+    if op == "send" and isinstance(env["dst"], list) and not all(isinstance(d, str) for d in env["dst"]):
         raise ProtocolError(f"{op}: dst list must hold actor names")
-    if op == "preview" and (len(env["eta"]) != len(env["dst"]) or not all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in env["eta"])):
-        raise ProtocolError("preview: eta must hold one finite time per dst")
     if op == "hello" and not all(isinstance(a, str) for a in env["actors"]):
         raise ProtocolError("hello: actors must be actor names")
     return env

@@ -147,16 +147,6 @@ class Strategy:
         return set()
 
     # ---- client side ----------------------------------------------------------------------
-    # local_update reads nothing but its arguments and changes nothing: a host may then run it
-    # before the task arrives (run.speculate). A strategy with client-side state sets this False.
-    local_update_is_pure = True
-
-    @property
-    def speculation_safe(self) -> bool:
-        """Whether a host may train a task before it arrives: the client half is local_update alone,
-        pure, and needs nothing sent beside the model."""
-        return (self.local_update_is_pure and type(self).client_step is Strategy.client_step
-                and not self.has_extras)
 
     def local_update(self, state: State, config, train: TrainFn) -> tuple[State, Any]:
         """A client's new model from the global one. `train(state, config)` runs local SGD

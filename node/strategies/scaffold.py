@@ -29,7 +29,6 @@ class Scaffold(FedAvg):
     # DP-SGD's sensitivities would not hold; its control variates are weights-like, not updates a
     # sparsifier could keep a few entries of; and its client state needs the synchronous star server.
     capabilities = Capabilities(topologies=("star",), privacy=("none",), delta_codecs=False, communication_only=False)
-    local_update_is_pure = False
     STATE = ("c",)
 
     def __init__(self, options=None, *, seed: int = 0):
