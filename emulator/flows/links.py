@@ -351,10 +351,18 @@ class FlowModel:
         """Every active flow's rate afresh. This runs at nearly every event of a tcp flow on a
         saturated link (hundreds of flows each time, most of the network's own work in a flagship
         round), so what `sync`, `TcpTransport.cap`, `TcpState.rtt` and `own_qdelay` compute is written
-        out here, with the same float operations in the same order: a change to one of them must be
-        made here too, and in emulator/flows/_flowfill.c's `rebalance`, which writes out this method."""
+        out in its two passes, with the same float operations in the same order: a change to one of
+        them must be made there too, and in emulator/flows/_flowfill.c's `rebalance`, which writes out
+        this method."""
         self.unsettled = False
-        t, transport, qdelay = self.t, self.transport, self.qdelay
+        active, paths, caps = self._synced_paths()
+        rates, bottlenecks = max_min_fill(paths, self.capacity, caps)
+        return self._apply_rates(active, rates, bottlenecks, force)
+
+    def _synced_paths(self) -> tuple[list[tuple[Hashable, Flow]], list, dict]:
+        """The first pass: each active flow synced to now, and the path it is filled on (its links,
+        or its window's, where the window caps it)."""
+        t, qdelay = self.t, self.qdelay
         standing, fill, capacity = self.excess, self.fill, self.capacity  # as of the last rebalance
         active: list[tuple[Hashable, Flow]] = []
         paths, caps = [], {}
@@ -402,7 +410,13 @@ class FlowModel:
                 paths.append(st.window_path)
             else:
                 paths.append(flow.path)
-        rates, bottlenecks = max_min_fill(paths, self.capacity, caps)
+        return active, paths, caps
+
+    def _apply_rates(self, active: list[tuple[Hashable, Flow]], rates: list[float], bottlenecks: list,
+                     force: Hashable) -> list[tuple[Hashable, float, int]]:
+        """The second pass: the new rates, the windows' reaction to them (after_rates), the flows
+        to reschedule, and (tcp) the links' load and standing queues afresh."""
+        t, transport = self.t, self.transport
         changed: list[tuple[Hashable, float, int]] = []
         tcp = transport is not None
         if tcp:
@@ -514,7 +528,8 @@ class FlowModel:
 def _hooks_are_ours(model_type: type, transport_type: type) -> bool:
     """Whether the compiled rebalance may stand in for `_rebalance_py`: it writes out these methods,
     so a subclass that overrides one of them must get the Python version."""
-    model_hooks = ("_schedule", "_excess_of", "_link_queue", "_instant_bits", "sync", "_rebalance_py", "path_qdelay")
+    model_hooks = ("_schedule", "_excess_of", "_link_queue", "_instant_bits", "sync", "_rebalance_py", "_synced_paths",
+                   "_apply_rates", "path_qdelay")
     if any(getattr(model_type, name) is not getattr(FlowModel, name) for name in model_hooks):
         return False
     if transport_type is type(None):
