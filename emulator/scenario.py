@@ -477,7 +477,7 @@ class Algorithm(Strict):
     lr: float = Field(0.05, gt=0)
     train: bool = Field(True, description="false: communication only; clients return the model unchanged")
     shuffle: Literal["every_epoch", "once"] = Field("every_epoch", description="once: fixed batches replayed every epoch")
-    prox_mu: float = Field(0.0, ge=0, description="FedProx proximal weight mu on the client (0: plain local SGD)")
+    prox_mu: Optional[float] = Field(None, description="removed: FedProx is the strategy fedprox (options.mu)")
     max_samples_per_round: Optional[int] = Field(
         None, ge=1, description="a client trains on at most this many of its samples per round (a fresh seeded subset) "
                                 "and is weighted by them; null: all of them")
@@ -495,6 +495,14 @@ class Algorithm(Strict):
     firma: Firma = Field(default_factory=Firma)
     fedalign: FedAlign.Options = Field(default_factory=FedAlign.Options)
     flower: FlowerSpec = Field(default_factory=FlowerSpec)
+
+    @field_validator("prox_mu")
+    @classmethod
+    def _prox_mu_removed(cls, v):
+        if v is not None:
+            raise ValueError(f"removed: FedProx is the strategy fedprox; write algorithm: {{name: fedprox, options: "
+                             f"{{mu: {v}}}}} instead")
+        return v
 
     @field_validator("cohort", mode="before")
     @classmethod

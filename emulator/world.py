@@ -280,7 +280,7 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
                       noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n),
                       dp.noise_multiplier or 0.0, dp.sampling, dp.accounting_delta)
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
-                          alg.train, alg.shuffle, sc.selection.checkin, alg.prox_mu,
+                          alg.train, alg.shuffle, sc.selection.checkin,
                           fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
                           cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names))

@@ -91,7 +91,6 @@ class ClientConfig:
     train: bool = True  # False: communication only, the received model goes back re-encoded
     shuffle: str = "every_epoch"
     checkin: bool = False  # check in with the server whenever the device comes online
-    prox_mu: float = 0.0  # proximal weight for any star algorithm (0: plain local SGD); fedprox sets its own
     fedalign: fedalign.FedAlignConfig | None = None  # FedAlign: statistics phase, aligned data, DP update
     error_feedback: bool = False  # keep the upload's compression residual (lost when the device goes offline)
     max_samples: int | None = None  # train on at most this many samples per round (a fresh seeded subset)
@@ -191,7 +190,7 @@ class ClientActor(Checkpointable):
         """The privacy stage and the local schedule a task asks for."""
         dp = privacy_stage(self.cfg.privacy)
         return dp, dp.training(LocalTraining(int(body["epochs"]), int(body["batch_size"]), float(body["lr"]),
-                                             shuffle=self.cfg.shuffle, prox_mu=self.cfg.prox_mu))
+                                             shuffle=self.cfg.shuffle))
 
     def _task_rng(self, round_: int) -> np.random.Generator:
         return np.random.default_rng([self.cfg.seed, round_, self.profile.index])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import write_scenario
-from emulator.scenario import load_scenario
+from emulator.scenario import ScenarioError, load_scenario
 from emulator.world import build_world
 from node.data import synthetic
 from node.models import build_model
@@ -35,15 +35,25 @@ def test_a_larger_mu_keeps_the_local_model_closer_to_the_global_one():
     assert tight < 0.5 * free
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedalign"])
-def test_prox_mu_reaches_the_clients_of_any_star_algorithm(tmp_path, algorithm):
-    text = f"""
+SCENARIO = """
 rounds: 1
 task: {{dataset: synthetic, model: mlp}}
 population: {{clients: 2, devices: [{{ms_per_sample: 1}}], links: [{{up_mbps: 1, down_mbps: 1}}]}}
-algorithm: {{name: {algorithm}, prox_mu: 0.1}}
+algorithm: {algorithm}
 """
-    sc, _ = load_scenario(write_scenario(tmp_path / "s.yaml", text))
+
+
+def test_fedprox_mu_reaches_the_clients(tmp_path):
+    sc, _ = load_scenario(write_scenario(tmp_path / "s.yaml", SCENARIO.format(algorithm="{name: fedprox, options: {mu: 0.1}}")))
     world = build_world(sc)
-    assert world.client.prox_mu == 0.1
-    assert (world.client.fedalign is not None) == (algorithm == "fedalign")
+    seen = []
+    world.client.strategy.local_update({}, LocalTraining(1, 8, 0.1), lambda s, c: seen.append(c.prox_mu) or (s, None))
+    assert seen == [0.1]
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedalign"])
+def test_the_removed_prox_mu_key_names_the_fedprox_strategy(tmp_path, algorithm):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(write_scenario(tmp_path / "s.yaml", SCENARIO.format(algorithm=f"{{name: {algorithm}, prox_mu: 0.1}}")))
+    assert "algorithm.prox_mu: removed: FedProx is the strategy fedprox; write algorithm: {name: fedprox, options: {mu: 0.1}}" \
+        in str(err.value)

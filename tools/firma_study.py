@@ -21,7 +21,7 @@ STAR = REPO / "scenarios" / "fedalign.yaml"
 RING = REPO / "scenarios" / "ring_fibfl.yaml"
 METHODS = {
     "fedavg": (STAR, ["algorithm.name=fedavg"]),
-    "fedprox": (STAR, ["algorithm.name=fedavg", "algorithm.prox_mu=0.01"]),
+    "fedprox": (STAR, ["algorithm.name=fedprox", "algorithm.options.mu=0.01"]),
     "fedalign": (STAR, ["algorithm.name=fedalign"]),
     "fibfl": (RING, ["algorithm.firma.variant=fibfl"]),
     "fibfl+": (RING, ["algorithm.firma.variant=fibfl+"]),
