@@ -17,7 +17,7 @@ from node.device import check_spec
 from node.models import MODELS, user_model
 from node.plugins import PluginError, is_import_path, resolve_callable
 from node.selection import Oort, Selector, selector_class
-from node.strategies import REGISTRY, Strategy, StrategyError, strategy_class
+from node.strategies import REGISTRY, StrategyError, strategy_class
 from node.strategies.fedalign import FedAlign
 
 
@@ -808,7 +808,7 @@ class Scenario(Strict):
         caps = cls.capabilities
         if self.topology not in caps.topologies:
             raise ValueError(f"topology: {name} runs on {' or '.join(caps.topologies)}, not {self.topology}")
-        if (cls.asynchronous or self.topology != "star") and cls.extras_spec is not Strategy.extras_spec:
+        if (cls.asynchronous or self.topology != "star") and cls.has_extras():
             raise ValueError(f"algorithm.name: {name} sends arrays beside the model, which the synchronous server "
                              f"of topology star carries (not {'an asynchronous one' if cls.asynchronous else self.topology})")
         mechanism = self.algorithm.privacy.mechanism

@@ -94,7 +94,9 @@ class RoundControl:
         self.population = population  # the clients the server serves (N)
 
 
-TrainFn = Callable[[State, Any], tuple[State, Any]]
+# train(state, config, correction=None) -> (state, result): local SGD on the client's data, with a
+# correction (parameter name -> array) added to every step's gradient
+TrainFn = Callable[..., tuple[State, Any]]
 
 
 class Strategy:
@@ -177,9 +179,10 @@ class Strategy:
         """Server: the arrays every task of this round carries beside the model (extras_spec "down")."""
         return {}
 
-    @property
-    def has_extras(self) -> bool:
-        return type(self).extras_spec is not Strategy.extras_spec
+    @classmethod
+    def has_extras(cls) -> bool:
+        """Whether it sends arrays beside the model (it overrides extras_spec)."""
+        return cls.extras_spec is not Strategy.extras_spec
 
     # ---- checkpoints ----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
