@@ -130,7 +130,9 @@ class ClientActor(Checkpointable):
         self.up_stats = ChannelStats()
         self.rdp_spent: tuple[float, ...] | None = None  # the RDP curve of every release this client sent
         self.closed_through = -1  # the server said its rounds up to this one closed (round.notify_closed)
-        self.strategy_state = cfg.strategy.client_state()  # the strategy's own, per client (SCAFFOLD's c_i)
+        # the strategy's own state for this client (SCAFFOLD's c_i); None until its first update
+        # leaves, so that an idle client of a large population holds nothing for it
+        self.strategy_state: dict | None = None
 
     # What training reads is made at the first task that needs it: an idle client of a large
     # population is its profile and a few counters, not arrays of its own.
@@ -295,7 +297,8 @@ class ClientActor(Checkpointable):
             return ClientStep(state, None), None
         step = self.cfg.strategy.client_step(
             state, local, lambda start, config, correction=None: self.trainer.train(
-                start, indices, config, rng, order, data, correction), extras, self.strategy_state)
+                start, indices, config, rng, order, data, correction), extras,
+            self.cfg.strategy.client_state() if self.strategy_state is None else self.strategy_state)
         result = step.result
         info["loss"], info["loss_rms"] = result.loss, result.loss_rms
         step.state, release = dp.privatize(step.state, result, local, rng, info)

@@ -7,6 +7,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from conftest import REPO, read_csv, run_cli, write_scenario
 
@@ -32,6 +33,11 @@ network: {transport: tcp}
 run: {checkpoint_every: 1}
 """
 CSVS = ("transfers", "clients", "devices")
+# SCAFFOLD: the server's control variate and every client's own are checkpointed state too
+SCAFFOLD = RESUMABLE.replace(
+    "algorithm: {local_epochs: 1, batch_size: 25, codec: {up: {name: topk, fraction: 0.1, error_feedback: true}}}",
+    "algorithm: {name: scaffold, local_epochs: 1, batch_size: 25, codec: {up: {name: fp32}, down: {name: fp32}}}").replace(
+    "model: mnist_cnn", "model: mlp")  # fp32 both ways, twice the model: small enough to be in between rounds
 
 
 def checkpointed_rounds(out) -> int:
@@ -45,8 +51,9 @@ def without_wall(rows):
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
 
-def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_run_writes(tmp_path):
-    path = write_scenario(tmp_path / "s.yaml", RESUMABLE)
+@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD], ids=["fedavg_topk_feedback", "scaffold"])
+def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_run_writes(tmp_path, scenario):
+    path = write_scenario(tmp_path / "s.yaml", scenario)
     whole = tmp_path / "whole"
     res = run_cli("run", str(path), "--out", str(whole))
     assert res.returncode == 0, res.stderr[-2000:]
