@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .holds import Holds
+from .netconfig import network_message
 
 # the order events run in at equal times: finish transfers, change devices and links, deliver,
 # start transfers, take a checkpoint, fire timers
@@ -75,8 +76,7 @@ class Tick(Event):
     order = TIMER
 
     def run(self, net, sock) -> None:
-        net.deliver(sock, {"src": "network", "dst": self.actor, "kind": "tick", "round": -1, "t": 0.0,
-                           "body": {"tag": self.tag}}, [])
+        net.deliver(sock, network_message(self.actor, "tick", {"tag": self.tag}), [])
 
 
 @dataclass(eq=False)

@@ -16,6 +16,11 @@ SERVER = "server"
 NETWORK = "network"  # the sender of the network's own messages (start, online, tick, peer_down)
 
 
+def network_message(dst: str, kind: str, body: dict | None = None) -> dict:
+    """The envelope fields of a message the network itself delivers (its time is set on delivery)."""
+    return {"src": NETWORK, "dst": dst, "kind": kind, "round": -1, "t": 0.0, "body": body or {}}
+
+
 @dataclass(frozen=True)
 class Link:
     up_bps: float = INF

@@ -21,7 +21,7 @@ from protocol.curve import ZapHandler
 
 from .checkpoints import Checkpoints
 from .clock import Deliver, EventClock, FlowStart, Halt, TakeCheckpoint, Tick
-from .netconfig import CONDUCTOR, NETWORK, SERVER, NetworkConfig
+from .netconfig import CONDUCTOR, NETWORK, SERVER, NetworkConfig, network_message
 from .peers import PeerGuard
 from .timeline import DeviceTimeline
 from .transfers import Transfer, Transfers, truncated
@@ -140,7 +140,7 @@ class Network:
         self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})
         self.timeline.start()
         for actor in self.cfg.starters:
-            self.clock.push_own(0.0, "", Deliver(*self._net_message(actor, "start", {})))
+            self.clock.push_own(0.0, "", Deliver(network_message(actor, "start"), []))
 
     def _on_timer(self, peer: str, env: dict[str, Any], _: list[Any]) -> None:
         if self._owns(peer, env["actor"]):
@@ -241,10 +241,7 @@ class Network:
             return
         for watcher in self.cfg.watchers:
             if watcher not in self.dead:
-                self.clock.push_own(self.now, "", Deliver(*self._net_message(watcher, "peer_down", {"actors": lost, "peer": peer})))
-
-    def _net_message(self, dst: str, kind: str, body: dict) -> tuple[dict, list]:
-        return {"src": NETWORK, "dst": dst, "kind": kind, "round": -1, "t": 0.0, "body": body}, []
+                self.clock.push_own(self.now, "", Deliver(network_message(watcher, "peer_down", {"actors": lost, "peer": peer}), []))
 
     # ---- events --------------------------------------------------------------------------------
     def step(self, sock: zmq.Socket) -> bool:

@@ -10,7 +10,7 @@ from node.compute import LoadModel, cpu_load
 from .clock import DeviceChange, Deliver, EventClock, LinkChange
 from .devices import DeviceSpec
 from .flows.links import INF
-from .netconfig import NETWORK, NetworkConfig
+from .netconfig import NetworkConfig, network_message
 
 MB = 1e6
 
@@ -47,8 +47,7 @@ class DeviceTimeline:
                     self.clock.push(fault.end, fault.actor, i, 1, LinkChange(fault.actor, False))
 
     def _deliver_later(self, actor: str, kind: str, t: float) -> None:
-        msg = {"src": NETWORK, "dst": actor, "kind": kind, "round": -1, "t": 0.0, "body": {}}
-        self.clock.push_own(t, actor, Deliver(msg, []))
+        self.clock.push_own(t, actor, Deliver(network_message(actor, kind), []))
 
     def _schedule_next_transition(self, actor: str) -> None:
         nxt = next(self.availability[actor], None)
