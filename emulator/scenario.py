@@ -320,6 +320,14 @@ class CodecSpec(BaseModel):
     def build(self):
         return make_codec(self.model_dump(exclude={"error_feedback", "layers"}))
 
+    def named_codecs(self) -> list[tuple[str, Any]]:
+        """(a label, the codec) for this codec and each per-layer one."""
+        return [(self.name, self.build())] + [(f"layers[{k!r}] {v.get('name')}", make_codec(v)) for k, v in self.layers.items()]
+
+    def sends_updates(self) -> bool:
+        """Whether what goes through it is an update: a codec that encodes deltas, or error feedback."""
+        return self.error_feedback or any(codec.encodes_delta for _, codec in self.named_codecs())
+
     def build_layers(self, names) -> dict:
         """Each tensor name that a layer pattern matches -> its codec (the first matching pattern)."""
         import fnmatch
@@ -817,9 +825,7 @@ class Scenario(Strict):
         codecs = self.algorithm.codec
         for direction in ("up", "down"):
             spec = getattr(codecs, direction)
-            sends_updates = spec.error_feedback or any(
-                c.encodes_delta for c in [spec.build(), *(make_codec(v) for v in spec.layers.values())])
-            if sends_updates and not caps.delta_codecs:
+            if spec.sends_updates() and not caps.delta_codecs:
                 raise ValueError(f"algorithm.codec.{direction}: {name} works with dense codecs (fp32, fp16, bf16, int) "
                                  f"without error feedback, not with {spec.name}"
                                  f"{' and error feedback' if spec.error_feedback else ''}")
@@ -847,8 +853,7 @@ class Scenario(Strict):
             carries_weights.append(("up", "ring gossip carries each client's weights"))
         for direction, why in carries_weights:
             spec = getattr(self.algorithm.codec, direction)
-            for name, codec in [(spec.name, spec.build())] + [(f"layers[{k!r}] {v.get('name')}", make_codec(v))
-                                                               for k, v in spec.layers.items()]:
+            for name, codec in spec.named_codecs():
                 if codec.encodes_delta:
                     raise ValueError(f"algorithm.codec.{direction}: {name} encodes updates (deltas), but {why}; "
                                      "use a dense codec (fp32, fp16, bf16, int)")
