@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from protocol.codecs import Codec, ErrorFeedback, encode_state
+from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
 from protocol.codecs.state import EncodedState
 from .schedule import BitSchedule
 
@@ -106,3 +106,16 @@ class Channel:
                 self.stats.bits.append(int(bits))
 
         return Outgoing(encoded, bits, commit, extras_from)
+
+
+def decode_with_extras(frames, split, model_spec, extras_spec, what: str) -> tuple[dict, str, dict]:
+    """A message's model (state, basis) and the arrays its strategy sends beside it (Channel.encode's
+    extras, from frame `split` on, as the body's extras_from says). Without an extras spec the whole
+    message is the model."""
+    if not extras_spec:
+        return (*decode_state(frames, model_spec), {})
+    if not (isinstance(split, int) and 1 <= split < len(frames)):
+        raise CodecError(f"the {what} does not carry the arrays its strategy sends beside the model "
+                         f"(extras_from {split!r} of {len(frames)} frames)")
+    state, basis = decode_state(frames[:split], model_spec)
+    return state, basis, decode_state(frames[split:], extras_spec)[0]

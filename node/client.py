@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
-from .channel import Channel, ChannelStats
+from .channel import Channel, ChannelStats, decode_with_extras
 from .cohort import CohortTrainer, TrainRequest, resolve_cohort
 from . import accounting, fedalign
 from .actor import Checkpointable, Message, Reaction, Send
@@ -276,18 +276,10 @@ class ClientActor(Checkpointable):
 
     def _decode_task(self, task: Message) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The task's model (weights) and the arrays its strategy sends beside it."""
-        split = task.body.get("extras_from")
-        if split is not None and not (isinstance(split, int) and 1 <= split < len(task.frames)):
-            raise CodecError(f"extras_from {split!r} does not split the task's {len(task.frames)} frames")
-        state, basis = decode_state(task.frames[:split], self.trainer.spec)
+        state, basis, extras = decode_with_extras(task.frames, task.body.get("extras_from"), self.trainer.spec,
+                                                  self.cfg.strategy.extras_spec(self.trainer.spec, "down"), "task")
         if basis != "weights":
             raise CodecError("task must carry weights")
-        wanted = self.cfg.strategy.extras_spec(self.trainer.spec, "down")
-        if not wanted:
-            return state, {}
-        if split is None:
-            raise CodecError(f"the task carries none of the arrays {self.cfg.strategy.name} sends beside the model")
-        extras, _ = decode_state(task.frames[split:], wanted)
         return state, extras
 
     def _trained(self, state, extras, info: dict, dp, local: LocalTraining, rng, indices, order, data):

@@ -15,7 +15,7 @@ from .schedule import BitSchedule
 from .strategies import ClientUpdate, RoundControl, Strategy
 from .strategies.base import Difference
 from .strategies.fedavg import FedAvg
-from .channel import Channel
+from .channel import Channel, decode_with_extras
 from .selection import SelectionContext, Selector, Uniform
 from .training import accuracy_on, evaluate
 
@@ -208,7 +208,8 @@ class ServerActor(Checkpointable):
         rnd.waiting.discard(msg.src)
         record = {k: msg.body.get(k) for k in CLIENT_FIELDS}
         try:
-            state, basis, extras = self._decode_update(msg)
+            state, basis, extras = decode_with_extras(msg.frames, msg.body.get("extras_from"), self.spec,
+                                                      self.strategy.extras_spec(self.spec, "up"), "update")
         except CodecError as exc:
             self._reject(rnd, msg.src, "update", str(exc), record)
         else:
@@ -226,19 +227,6 @@ class ServerActor(Checkpointable):
                 rnd.losses.append(float(msg.body["loss"]))
         enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round
         return self._close(msg.t) if enough or not rnd.waiting else Reaction()
-
-    def _decode_update(self, msg: Message) -> tuple[dict[str, np.ndarray], str, dict[str, np.ndarray]]:
-        """An update's model (weights or a delta) and the arrays its strategy sends beside it."""
-        wanted = self.strategy.extras_spec(self.spec, "up")
-        if not wanted:
-            return (*decode_state(msg.frames, self.spec), {})
-        split = msg.body.get("extras_from")
-        if not (isinstance(split, int) and 1 <= split < len(msg.frames)):
-            raise CodecError(f"the update does not carry the arrays {self.strategy.name} sends beside the model "
-                             f"(extras_from {split!r})")
-        state, basis = decode_state(msg.frames[:split], self.spec)
-        extras, _ = decode_state(msg.frames[split:], wanted)
-        return state, basis, extras
 
     def _on_overdue(self, msg: Message) -> Reaction:
         """keeps_late: the update of a client a deadline cut off joins the round in progress (or the next)."""
