@@ -99,6 +99,12 @@ def unlabelled(root):
 def tiny(root):
     x = torch.rand(40, 1, 4, 4)
     return TensorDataset(x, torch.arange(40) % 3), TensorDataset(x[:8], torch.arange(8) % 3)
+
+def wide():  # does not fit tiny's 16 inputs
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(99, 3))
+
+def net():
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
 '''
 
 SCENARIO = """name: bad
@@ -114,6 +120,16 @@ algorithm: {{name: {algorithm}}}
 """
 
 
+def run_components(tmp_path, monkeypatch, timeout: float = 120, **fields):
+    """A run of SCENARIO with bad_components importable; fields override its dataset, model, policy, algorithm."""
+    (tmp_path / "bad_components.py").write_text(BAD)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    values = {"dataset": "bad_components:tiny", "model": "mlp", "policy": "random", "algorithm": "fedavg", **fields}
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.format(**values))
+    return run_cli("run", str(scenario), "--out", str(tmp_path / "out"), timeout=timeout)
+
+
 @pytest.mark.parametrize("key, fields", [
     ("task.model", {"model": "no_such_package.models:cnn"}),
     ("task.model", {"model": "bad_components:not_a_module"}),
@@ -125,36 +141,21 @@ algorithm: {{name: {algorithm}}}
     ("selection.policy", {"policy": "collections:OrderedDict"}),
 ])
 def test_a_bad_component_is_one_line_naming_the_key_and_exit_2(tmp_path, monkeypatch, key, fields):
-    (tmp_path / "bad_components.py").write_text(BAD)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    values = {"dataset": "bad_components:tiny", "model": "mlp", "policy": "random", "algorithm": "fedavg", **fields}
-    scenario = tmp_path / "s.yaml"
-    scenario.write_text(SCENARIO.format(**values))
-    res = run_cli("run", str(scenario), "--out", str(tmp_path / "out"), timeout=120)
+    res = run_components(tmp_path, monkeypatch, **fields)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
     assert f": {key}" in lines[0] and "Traceback" not in res.stderr, lines[0]
 
 
 def test_a_user_model_that_does_not_fit_the_data_is_named(tmp_path, monkeypatch):
-    (tmp_path / "bad_components.py").write_text(BAD + "\ndef wide():\n    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(99, 3))\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    scenario = tmp_path / "s.yaml"
-    scenario.write_text(SCENARIO.format(dataset="bad_components:tiny", model="bad_components:wide", policy="random",
-                                        algorithm="fedavg"))
-    res = run_cli("run", str(scenario), "--out", str(tmp_path / "out"), timeout=120)
+    res = run_components(tmp_path, monkeypatch, model="bad_components:wide")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-2000:]
     assert "task.model: bad_components:wide does not fit the inputs" in res.stderr
 
 
 def test_a_user_dataset_and_model_run_with_a_built_in_strategy(tmp_path, monkeypatch):
     """tiny: 40 samples of 1x4x4 in 3 classes; a user model on it, trained for real."""
-    (tmp_path / "bad_components.py").write_text(BAD + "\ndef net():\n    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    scenario = tmp_path / "s.yaml"
-    scenario.write_text(SCENARIO.format(dataset="bad_components:tiny", model="bad_components:net", policy="random",
-                                        algorithm="fedavgm"))
-    res = run_cli("run", str(scenario), "--out", str(tmp_path / "out"), timeout=180)
+    res = run_components(tmp_path, monkeypatch, timeout=180, model="bad_components:net", algorithm="fedavgm")
     assert res.returncode == 0, res.stderr[-3000:]
     payload = {int(r["payload_bytes"]) for r in rows(tmp_path / "out" / "transfers.csv")}
     assert len(payload) == 1 and payload.pop() > 0
