@@ -20,6 +20,8 @@ from node.selection import Oort, Selector, selector_class
 from node.strategies import REGISTRY, StrategyError, strategy_class
 from node.strategies.fedalign import FedAlign
 
+from .flows.congestion import CONGESTION_CONTROLS
+
 
 class ScenarioError(ValueError):
     """A scenario is invalid; str() is a complete, user-facing message."""
@@ -585,6 +587,15 @@ class TcpModel(Strict):
     hystart: bool = Field(True, description="HyStart's ACK-train exit from slow start (Linux CUBIC's default)")
     growth_step: float = Field(
         0.05, gt=0, le=1, description="a window-limited flow's rate steps when CUBIC has grown its window by this fraction")
+    congestion_control: str = Field(
+        "cubic", description="the senders' congestion control: a registered one (cubic; emulator/flows/congestion.py) "
+                             "or your own CongestionControl subclass as package.module:Class")
+
+    @field_validator("congestion_control")
+    @classmethod
+    def _congestion_control(cls, v: str) -> str:
+        CONGESTION_CONTROLS.get(v)  # a PluginError is a ValueError: one line naming the key
+        return v
 
 
 class NetworkModel(Strict):

@@ -342,7 +342,7 @@ def _tcp_params(sc: Scenario) -> TcpParams | None:
     t = net.tcp
     return TcpParams(initcwnd=t.initcwnd, beta=t.beta, cubic_c=t.cubic_c, rwnd_bytes=t.rwnd_bytes,
                      restart_after_idle=t.restart_after_idle, rto_min_s=net.rto_ms / 1000.0, growth_step=t.growth_step,
-                     hystart=t.hystart)
+                     hystart=t.hystart, congestion_control=t.congestion_control)
 
 
 def device_ms_per_sample(sc: Scenario, task: TaskSpec) -> list[float]:

@@ -197,12 +197,59 @@ def test_the_compiled_rebalance_stands_aside_for_overridden_hooks():
     assert links_module._hooks_are_ours(links_module.FlowModel, TcpTransport)
     assert links_module._hooks_are_ours(links_module.FlowModel, type(None))
     assert not links_module._hooks_are_ours(links_module.FlowModel, Slower)
-
-    class Growing(TcpTransport):
-        def _next_growth_step(self, st, now, mean=True):
-            super()._next_growth_step(st, now, mean)
-    assert not links_module._hooks_are_ours(links_module.FlowModel, Growing)
     assert not links_module._hooks_are_ours(Scheduled, TcpTransport)
     model = links_module.FlowModel({"l": 8e6}, transport=Slower())
     changed = model.add("f", 8e6, ("l",), connection="c", rtt=0.1)
     assert changed and changed[0][1] > 1.0  # Slower's hour was used: the first round alone ends at 0.1 s
+
+
+def test_the_compiled_rebalance_calls_the_congestion_control_back():
+    """The compiled rebalance knows windows and pacing rates, not CUBIC: when a window starts to
+    limit its flow it calls the connection's congestion control (on_window_limited), so a congestion
+    control of one's own is honoured by either rebalance, with the same calls at the same times."""
+    from emulator.flows import links as links_module
+    from emulator.flows.congestion import Cubic
+    from flow_scenarios import workload
+
+    if links_module._compiled_rebalance is None:
+        pytest.skip("emulator/flows/_flowfill.c is not built here (no C compiler at install)")
+
+    class Counted(Cubic):
+        name = "counted"  # not registered: given to the transport directly
+
+        def __init__(self, params):
+            super().__init__(params)
+            self.calls = []
+
+        def on_window_limited(self, st, now):
+            self.calls.append((st.fid, now.hex()))
+            super().on_window_limited(st, now)
+
+    calls = {}
+    for seed in range(6):
+        for name, rebalance in (("compiled", links_module._compiled_rebalance), ("python", None)):
+            model, transfers = workload(seed, True)
+            model.transport.cc = Counted(model.transport.p)
+            saved = links_module._compiled_rebalance
+            links_module._compiled_rebalance = rebalance
+            try:
+                arrivals = [(a.hex(), b.hex()) for a, b in links_module.simulate(model, transfers)]
+            finally:
+                links_module._compiled_rebalance = saved
+            calls.setdefault(name, []).append((model.transport.cc.calls, arrivals))
+    assert calls["compiled"] == calls["python"]
+    assert sum(len(c) for c, _ in calls["python"]) > 10  # windows did come to limit their flows
+
+
+def test_the_records_python_fields_are_the_compiled_structs():
+    """emulator/flows/records.py names the fields of the C structs _flowfill.c owns: the same names
+    in the same order, so the Python layout (no compiler) and the compiled one hold the same state."""
+    from emulator.flows import records
+
+    native = records._native
+    if native is None:
+        pytest.skip("emulator/flows/_flowfill.c is not built here (no C compiler at install)")
+    for record, fields in ((native.FlowRecord, records.FLOW_FIELDS), (native.WindowRecord, records.WINDOW_FIELDS),
+                           (native.ConnectionRecord, records.CONNECTION_FIELDS)):
+        members = [name for name, value in vars(record).items() if type(value).__name__ == "member_descriptor"]
+        assert members == list(fields), record

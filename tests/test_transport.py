@@ -164,7 +164,7 @@ def test_a_loss_the_queue_covers_costs_only_its_segment():
     assert end == pytest.approx(3 * rtt + 931 * SEG / 8e6 + 0.05, abs=1e-9)
     conn = fm.transport.connections["ab"]
     w_exit = 2 * 8e6 * rtt / SEG
-    assert conn.w_max == pytest.approx(w_exit) and conn.cwnd == pytest.approx(0.7 * w_exit)
+    assert conn.cc.w_max == pytest.approx(w_exit) and conn.cwnd == pytest.approx(0.7 * w_exit)  # CUBIC keeps W_max
 
 
 def test_a_loss_the_queue_cannot_cover_holds_the_rate_below_the_link():

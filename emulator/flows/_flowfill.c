@@ -309,18 +309,18 @@ done:
  * caps, the filling above, then each flow's bottleneck, TcpTransport.after_rates, the next event
  * (FlowModel._schedule, TcpTransport.next_event), the links' load and the standing queues
  * (_excess_of, _add_excess, _link_queue). The same double operations in the same order, on the
- * same Python objects (read and written as attributes), so a run gives the same times to the last
- * bit with either. TcpTransport._next_growth_step for a window that starts to limit its flow is
- * written out too (growth_step); FlowModel._instant_bits (a flow on a path without any finite link)
- * stays in Python and is called back. links.py uses this only while none of the methods it writes
+ * same records (read and written in place, above), so a run gives the same times to the last
+ * bit with either. It knows windows and pacing rates, not a congestion control: when a window starts
+ * to limit its flow it calls the connection's congestion control back (transport.cc.on_window_limited,
+ * emulator/flows/congestion.py), and so FlowModel._instant_bits (a flow on a path without any finite
+ * link). links.py uses this only while none of the methods it writes
  * out is overridden (links._hooks_are_ours): a subclass that overrides one gets the Python version. */
 
 #define NAMES(X) X(flows) X(active) X(tcp) X(synced_t) X(rate) X(remaining_bits) X(budget) X(loss_in) \
     X(phase) X(path) X(conn) X(cwnd) X(seg_bits) X(rtt_base) X(window_key) X(window_path) X(t)          \
     X(transport) X(qdelay) X(excess) X(fill) X(capacity) X(unsettled) X(bottleneck) X(link_bottleneck)  \
-    X(share) X(limited) X(epoch) X(origin) X(done_at) X(version) X(round_end) X(load) X(pinned) X(held) \
-    X(queue_s) X(_instant_bits) X(_next_growth_step) X(open) X(ss) X(ca) X(p) X(initcwnd) X(rwnd_bytes)       \
-    X(growth_step) X(cubic_c) X(beta) X(queues) X(mss) X(w_max)
+    X(share) X(limited) X(done_at) X(version) X(round_end) X(load) X(pinned) X(held) X(queue_s)         \
+    X(_instant_bits) X(open) X(ss) X(ca) X(cc) X(on_window_limited) X(pacing)
 #define DECLARE(name) static PyObject *S_##name;
 NAMES(DECLARE)
 #undef DECLARE
@@ -332,53 +332,100 @@ static int is_phase(PyObject *phase, PyObject *name) {
     return phase == name || (PyUnicode_Check(phase) && PyUnicode_Compare(phase, name) == 0);
 }
 
-/* The attributes of Flow, TcpState and Connection the rebalance reads and writes. They are slots
-   (dataclass(slots=True)): for an instance of exactly the class `bind_types` was given, each is read
-   and written at its offset in the object, without a lookup; any other object (a subclass, which
-   may override one with a property) goes through getattr and setattr. */
+/* The records the flow model and the congestion control share (emulator/flows/records.py): this
+   module owns their layout. FlowRecord, WindowRecord and ConnectionRecord are C structs whose fields
+   Python reads and writes as attributes (members) and the rebalance reads and writes in place. Their
+   Python classes (links.Flow, transport.TcpState, transport.Connection) subclass them and add
+   nothing to the layout; for an instance of exactly the classes `bind_types` was given the fields
+   are read in place, and any other object (a subclass, which may override a field with a property)
+   goes through getattr and setattr. Every field is an object (D marks the ones that hold a float):
+   the interpreter specializes attribute access to object members as it does to slots, while a
+   double member costs a float's boxing at every read and write (3x slower in Python). */
+#define FLOW_RECORD(D, O) O(path) D(remaining_bits) D(rate) O(version) D(done_at) O(tcp) O(active) D(share) \
+    O(bottleneck) O(link_bottleneck) D(synced_t)
+#define WINDOW_RECORD(D, O) O(conn) D(rtt_base) D(seg_bits) O(mss) D(loss) O(rng) O(phase) D(round_end) D(budget) \
+    D(loss_in) D(recovery_until) D(floor) O(limited) D(resent_bits) D(pacing) O(queues) O(fid) O(path)            \
+    O(window_key) O(window_path)
+#define CONNECTION_RECORD(D, O) D(cwnd) D(ssthresh) D(srtt) D(rtts) D(last_send) D(sending_since) O(active) O(waiting) O(cc)
+
+#define AS_OBJECT(n) PyObject *n;
+typedef struct { PyObject_HEAD FLOW_RECORD(AS_OBJECT, AS_OBJECT) } FlowRecord;
+typedef struct { PyObject_HEAD WINDOW_RECORD(AS_OBJECT, AS_OBJECT) } WindowRecord;
+typedef struct { PyObject_HEAD CONNECTION_RECORD(AS_OBJECT, AS_OBJECT) } ConnectionRecord;
+
+#define MEMBER_O(n) {#n, T_OBJECT_EX, offsetof(RECORD, n), 0, NULL},
+#define VISIT(n) Py_VISIT(((RECORD *)self)->n);
+#define CLEAR(n) Py_CLEAR(((RECORD *)self)->n);
+#define RECORD_TYPE(name, FIELDS, doc)                                                                    \
+    static PyMemberDef name##_members[] = {FIELDS(MEMBER_O, MEMBER_O){NULL, 0, 0, 0, NULL}};              \
+    static int name##_traverse(PyObject *self, visitproc visit, void *arg) {                              \
+        FIELDS(VISIT, VISIT)                                                                            \
+        return 0;                                                                                         \
+    }                                                                                                     \
+    static int name##_clear(PyObject *self) {                                                             \
+        FIELDS(CLEAR, CLEAR)                                                                            \
+        return 0;                                                                                         \
+    }                                                                                                     \
+    static void name##_dealloc(PyObject *self) {                                                          \
+        PyObject_GC_UnTrack(self);                                                                        \
+        name##_clear(self);                                                                               \
+        Py_TYPE(self)->tp_free(self);                                                                     \
+    }                                                                                                     \
+    static PyTypeObject name##Type = {                                                                    \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "emulator.flows._flowfill." #name,                       \
+        .tp_basicsize = sizeof(RECORD),                                                                   \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,                        \
+        .tp_doc = doc,                                                                                    \
+        .tp_traverse = name##_traverse,                                                                   \
+        .tp_clear = name##_clear,                                                                         \
+        .tp_dealloc = name##_dealloc,                                                                     \
+        .tp_members = name##_members,                                                                     \
+        .tp_new = PyType_GenericNew,                                                                      \
+    };
+#define RECORD FlowRecord
+RECORD_TYPE(FlowRecord, FLOW_RECORD, "A flow's fields (emulator/flows/links.py's Flow).")
+#undef RECORD
+#define RECORD WindowRecord
+RECORD_TYPE(WindowRecord, WINDOW_RECORD, "A tcp flow's window state (emulator/flows/transport.py's TcpState).")
+#undef RECORD
+#define RECORD ConnectionRecord
+RECORD_TYPE(ConnectionRecord, CONNECTION_RECORD, "A connection's window (emulator/flows/transport.py's Connection).")
+#undef RECORD
+
 enum { K_FLOW, K_STATE, K_CONN, K_KINDS };
+static PyTypeObject *const RECORDS[K_KINDS] = {&FlowRecordType, &WindowRecordType, &ConnectionRecordType};
 typedef struct {
     PyObject **name;
     int kind;
-    Py_ssize_t offset; /* -1: not a plain slot of the bound class */
+    Py_ssize_t offset; /* in the record's struct */
 } Field;
 static PyTypeObject *BOUND[K_KINDS];
-#define FLOW_FIELDS(X) X(active) X(tcp) X(synced_t) X(rate) X(remaining_bits) X(path) X(bottleneck) \
-    X(link_bottleneck) X(share) X(done_at) X(version)
-#define STATE_FIELDS(X) X(budget) X(loss_in) X(phase) X(conn) X(seg_bits) X(rtt_base) X(window_key) \
-    X(window_path) X(limited) X(round_end) X(queues) X(mss)
-#define CONN_FIELDS(X) X(cwnd) X(epoch) X(origin) X(w_max)
-#define FLOW_FIELD(name) static Field F_##name = {&S_##name, K_FLOW, -1};
-#define STATE_FIELD(name) static Field F_##name = {&S_##name, K_STATE, -1};
-#define CONN_FIELD(name) static Field F_##name = {&S_##name, K_CONN, -1};
-FLOW_FIELDS(FLOW_FIELD) STATE_FIELDS(STATE_FIELD) CONN_FIELDS(CONN_FIELD)
-static Field F_state_path = {&S_path, K_STATE, -1}; /* TcpState.path (Flow.path is F_path) */
-#define FIELD_ADDRESS(name) &F_##name,
-static Field *const FIELDS[] = {FLOW_FIELDS(FIELD_ADDRESS) STATE_FIELDS(FIELD_ADDRESS) CONN_FIELDS(FIELD_ADDRESS) &F_state_path};
+#define FIELD(S, kind, n) static Field F_##n = {&S_##n, kind, offsetof(S, n)};
+#define FLOW_D(n) FIELD(FlowRecord, K_FLOW, n)
+#define FLOW_O(n) FIELD(FlowRecord, K_FLOW, n)
+#define STATE_D(n) FIELD(WindowRecord, K_STATE, n)
+#define STATE_O(n) FIELD(WindowRecord, K_STATE, n)
+/* the fields the rebalance uses */
+FLOW_O(active) FLOW_O(tcp) FLOW_D(synced_t) FLOW_D(rate) FLOW_D(remaining_bits) FLOW_O(path) FLOW_O(bottleneck)
+FLOW_O(link_bottleneck) FLOW_D(share) FLOW_D(done_at) FLOW_O(version)
+STATE_D(budget) STATE_D(loss_in) STATE_O(phase) STATE_O(conn) STATE_D(seg_bits) STATE_D(rtt_base) STATE_O(window_key)
+STATE_O(window_path) STATE_O(limited) STATE_D(round_end) STATE_D(pacing)
+FIELD(ConnectionRecord, K_CONN, cwnd)
 
-static inline PyObject **slot_of(PyObject *obj, const Field *f) {
-    return (f->offset >= 0 && Py_TYPE(obj) == BOUND[f->kind]) ? (PyObject **)((char *)obj + f->offset) : NULL;
+static inline char *record_of(PyObject *obj, const Field *f) {
+    return Py_TYPE(obj) == BOUND[f->kind] ? (char *)obj + f->offset : NULL;
 }
 
 static PyObject *get(PyObject *obj, const Field *f) { /* a new reference */
-    PyObject **slot = slot_of(obj, f);
-    if (!slot) return PyObject_GetAttr(obj, *f->name);
-    if (!*slot) {
+    char *at = record_of(obj, f);
+    if (!at) return PyObject_GetAttr(obj, *f->name);
+    PyObject *value = *(PyObject **)at;
+    if (!value) {
         PyErr_SetObject(PyExc_AttributeError, *f->name);
         return NULL;
     }
-    Py_INCREF(*slot);
-    return *slot;
-}
-
-static int set(PyObject *obj, const Field *f, PyObject *value) {
-    PyObject **slot = slot_of(obj, f);
-    if (!slot) return PyObject_SetAttr(obj, *f->name, value);
-    PyObject *old = *slot;
     Py_INCREF(value);
-    *slot = value;
-    Py_XDECREF(old);
-    return 0;
+    return value;
 }
 
 static int as_double(PyObject *value, double *out) {
@@ -388,10 +435,20 @@ static int as_double(PyObject *value, double *out) {
     return 0;
 }
 
+static int set(PyObject *obj, const Field *f, PyObject *value) {
+    char *at = record_of(obj, f);
+    if (!at) return PyObject_SetAttr(obj, *f->name, value);
+    PyObject *old = *(PyObject **)at;
+    Py_INCREF(value);
+    *(PyObject **)at = value;
+    Py_XDECREF(old);
+    return 0;
+}
+
 static int get_double(PyObject *obj, const Field *f, double *out) {
-    PyObject **slot = slot_of(obj, f);
-    if (slot && *slot && PyFloat_CheckExact(*slot)) {
-        *out = PyFloat_AS_DOUBLE(*slot);
+    char *at = record_of(obj, f);
+    if (at && *(PyObject **)at && PyFloat_CheckExact(*(PyObject **)at)) {
+        *out = PyFloat_AS_DOUBLE(*(PyObject **)at);
         return 0;
     }
     PyObject *value = get(obj, f);
@@ -409,20 +466,27 @@ static int set_double(PyObject *obj, const Field *f, double v) {
     return r;
 }
 
-/* bind_types(Flow, TcpState, Connection): the classes whose slots are read in place */
+/* bind_types(Flow, TcpState, Connection): the classes whose records are read in place. Each must
+   derive from its record type and leave every field as the record's member (no property in its
+   place); else it is refused. */
 static PyObject *bind_types(PyObject *module, PyObject *args) {
     PyObject *types[K_KINDS];
     if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &types[0], &PyType_Type, &types[1], &PyType_Type, &types[2])) return NULL;
-    for (size_t i = 0; i < sizeof(FIELDS) / sizeof(FIELDS[0]); i++) {
-        Field *f = FIELDS[i];
-        PyObject *descr = PyObject_GetAttr(types[f->kind], *f->name);
-        if (!descr) return NULL;
-        f->offset = -1;
-        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) f->offset = member->offset;
+    for (int k = 0; k < K_KINDS; k++) {
+        if (!PyType_IsSubtype((PyTypeObject *)types[k], RECORDS[k])) {
+            PyErr_Format(PyExc_TypeError, "bind_types: %R is not a %s", types[k], RECORDS[k]->tp_name);
+            return NULL;
         }
-        Py_DECREF(descr);
+        for (PyMemberDef *m = RECORDS[k]->tp_members; m->name; m++) {
+            PyObject *mine = PyDict_GetItemString(RECORDS[k]->tp_dict, m->name); /* borrowed */
+            PyObject *theirs = PyObject_GetAttrString(types[k], m->name);
+            if (!theirs) return NULL;
+            Py_DECREF(theirs);
+            if (theirs != mine) {
+                PyErr_Format(PyExc_TypeError, "bind_types: %R overrides the field %s", types[k], m->name);
+                return NULL;
+            }
+        }
     }
     for (int k = 0; k < K_KINDS; k++) {
         Py_INCREF(types[k]);
@@ -458,7 +522,7 @@ static int truthy_attr(PyObject *obj, const Field *f) {
     return r;
 }
 
-/* a path (Flow.path, or TcpState.path with F_state_path) as a fast sequence (a new reference) */
+/* a flow's path as a fast sequence (a new reference) */
 static PyObject *path_of(PyObject *obj, const Field *f) {
     PyObject *path = get(obj, f);
     if (!path) return NULL;
@@ -490,71 +554,6 @@ static int list_add(PyObject *entry, Py_ssize_t index, PyObject *by) {
     return PyList_SetItem(entry, index, sum);
 }
 
-/* transport.py's cubic_window, and Python's float ** 3 (the power of |x|, negated for x < 0) */
-static double cube(double x) { return x < 0.0 ? -pow(-x, 3.0) : pow(x, 3.0); }
-
-static double cubic_window(double t, double w_max, double origin, double rtt, double c, double beta) {
-    t = t > 0.0 ? t : 0.0;
-    double cubic;
-    if (origin < w_max) {
-        const double k = pow((w_max - origin) / c, 1.0 / 3.0);
-        cubic = w_max + c * cube(t - k);
-    } else {
-        cubic = origin + c * cube(t);
-    }
-    const double friendly = origin + 3.0 * (1.0 - beta) / (1.0 + beta) * (rtt > 0 ? t / rtt : 0.0);
-    return friendly > cubic ? friendly : cubic; /* max(cubic, friendly) */
-}
-
-static int param_double(PyObject *params, PyObject *name, double *out) {
-    PyObject *value = PyObject_GetAttr(params, name);
-    if (!value) return -1;
-    int r = as_double(value, out);
-    Py_DECREF(value);
-    return r;
-}
-
-/* TcpTransport._next_growth_step(st, now, mean=False) just after after_rates set the connection's
-   epoch to now (so the step starts from the window as it is): the same operations as transport.py,
-   for a TcpState and Connection of the bound classes whose queues are `model`'s (`qdelay` is its
-   queues as of the last rebalance). 1 done, 0 not applicable (the caller calls the Python), -1 error. */
-static int growth_step(PyObject *model, PyObject *transport, PyObject *qdelay, PyObject *st, PyObject *conn, double now) {
-    if (Py_TYPE(st) != BOUND[K_STATE] || Py_TYPE(conn) != BOUND[K_CONN]) return 0;
-    double epoch;
-    if (get_double(conn, &F_epoch, &epoch) < 0) return -1;
-    if (now > epoch) return 0; /* not right after after_rates: the Python handles the general case */
-    PyObject *queues = get(st, &F_queues);
-    if (!queues) return -1;
-    Py_DECREF(queues); /* compared, not used */
-    if (queues != model && queues != Py_None) return 0;
-    PyObject *params = PyObject_GetAttr(transport, S_p);
-    if (!params) return -1;
-    double initcwnd = 0, rwnd_bytes = 0, growth = 0, c = 0, beta = 0, mss, rtt_base, cwnd, w_max, origin;
-    const int r = param_double(params, S_initcwnd, &initcwnd) < 0 || param_double(params, S_rwnd_bytes, &rwnd_bytes) < 0 ||
-                  param_double(params, S_growth_step, &growth) < 0 || param_double(params, S_cubic_c, &c) < 0 ||
-                  param_double(params, S_beta, &beta) < 0 ? -1 : 0;
-    Py_DECREF(params);
-    if (r < 0 || get_double(st, &F_mss, &mss) < 0 || get_double(st, &F_rtt_base, &rtt_base) < 0 ||
-        get_double(conn, &F_cwnd, &cwnd) < 0 || get_double(conn, &F_w_max, &w_max) < 0 ||
-        get_double(conn, &F_origin, &origin) < 0) return -1;
-    const double ratio = rwnd_bytes / mss;
-    const double rwnd = ratio > initcwnd ? ratio : initcwnd; /* _rwnd: max(float(initcwnd), ratio) */
-    double queued = 0.0; /* TcpState.rtt */
-    if (queues != Py_None && path_qdelay(qdelay, st, &F_state_path, &queued) < 0) return -1;
-    const double rtt = rtt_base + queued;
-    const double start = cwnd;
-    double end = start;
-    long k = 0;
-    while (k < 64 && end < start * (1 + growth) && end < rwnd) {
-        k++;
-        const double w = cubic_window((now + (double)k * rtt) - epoch, w_max, origin, rtt, c, beta);
-        end = rwnd < w ? rwnd : w; /* min(window, rwnd) */
-    }
-    /* conn.cwnd = start (mean=False): the same value it holds */
-    if (set_double(st, &F_round_end, now + (double)(k > 1 ? k : 1) * rtt) < 0) return -1;
-    return 1;
-}
-
 static PyObject *rebalance(PyObject *module, PyObject *args) {
     PyObject *model, *force = Py_None;
     if (!PyArg_ParseTuple(args, "O|O", &model, &force)) return NULL;
@@ -562,7 +561,7 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
     PyObject *flows = NULL, *fids = NULL, *objs = NULL, *paths = NULL, *caps = NULL, *filled = NULL;
     PyObject *changed = NULL, *load = NULL, *pinned = NULL, *excess = NULL, *held = NULL, *queue_s = NULL;
     PyObject *new_qdelay = NULL, *new_fill = NULL, *result = NULL;
-    PyObject *flow = NULL, *st = NULL, *conn = NULL, *phase = NULL, *value = NULL;
+    PyObject *flow = NULL, *st = NULL, *conn = NULL, *phase = NULL, *value = NULL, *cc = NULL;
     double t;
 
     if (PyObject_SetAttr(model, S_unsettled, Py_False) < 0) return NULL;
@@ -622,9 +621,13 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                 double cap = INFINITY;
                 int capped = 0;
                 if (is_phase(phase, S_ss)) {
+                    /* TcpTransport.cap: nothing while the round's budget is spent, else the pacing rate */
                     double budget;
                     if (get_double(st, &F_budget, &budget) < 0) goto done;
-                    if (!(budget > EPS_BITS)) { cap = 0.0; capped = 1; }
+                    if (!(budget > EPS_BITS)) {
+                        cap = 0.0;
+                    } else if (get_double(st, &F_pacing, &cap) < 0) goto done;
+                    capped = 1;
                 } else if (!is_phase(phase, S_open)) {
                     /* TcpTransport.cap: W over the RTT (path_qdelay's sum, in its order) less the
                        flow's own standing queue (own_qdelay) */
@@ -655,7 +658,10 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                     Py_CLEAR(conn);
                     double rtt = (rtt_base + queued) - own;
                     if (rtt == 0.0) { PyErr_SetString(PyExc_ZeroDivisionError, "float division by zero"); goto done; }
+                    double pacing;
+                    if (get_double(st, &F_pacing, &pacing) < 0) goto done;
                     cap = cwnd * seg_bits / rtt;
+                    if (pacing < cap) cap = pacing; /* min(window, pacing) */
                     capped = 1;
                 }
                 Py_CLEAR(phase);
@@ -723,18 +729,10 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
         if (ca) { /* TcpTransport.after_rates */
             int was = truthy_attr(st, &F_limited);
             if (was < 0 || set(st, &F_limited, limited ? Py_True : Py_False) < 0) goto done;
-            if (limited && !was) { /* growth resumes from here */
-                if (!(conn = get(st, &F_conn))) goto done;
-                if (set(conn, &F_epoch, t_obj) < 0) goto done;
-                if (!(value = get(conn, &F_cwnd)) || set(conn, &F_origin, value) < 0) goto done;
+            if (limited && !was) { /* the congestion control's window now limits the flow */
+                if (!cc && !(cc = PyObject_GetAttr(transport, S_cc))) goto done;
+                if (!(value = PyObject_CallMethodObjArgs(cc, S_on_window_limited, st, t_obj, NULL))) goto done;
                 Py_CLEAR(value);
-                int stepped = growth_step(model, transport, qdelay, st, conn, t);
-                Py_CLEAR(conn);
-                if (stepped < 0) goto done;
-                if (!stepped) { /* TcpTransport._next_growth_step in Python */
-                    if (!(value = PyObject_CallMethodObjArgs(transport, S__next_growth_step, st, t_obj, Py_False, NULL))) goto done;
-                    Py_CLEAR(value);
-                }
             }
         }
         double flow_rate, done_at;
@@ -887,6 +885,7 @@ done:
     Py_XDECREF(conn);
     Py_XDECREF(phase);
     Py_XDECREF(value);
+    Py_XDECREF(cc);
     Py_XDECREF(t_obj);
     Py_XDECREF(transport);
     Py_XDECREF(qdelay);
@@ -914,7 +913,7 @@ static PyMethodDef METHODS[] = {
     {"max_min_fill", max_min_fill, METH_VARARGS,
      "max_min_fill(paths, capacity, override=None) -> (rates, bottlenecks): max-min fair rates."},
     {"bind_types", bind_types, METH_VARARGS,
-     "bind_types(Flow, TcpState, Connection): the classes whose slots rebalance reads in place."},
+     "bind_types(Flow, TcpState, Connection): the classes whose records rebalance reads in place."},
     {"rebalance", rebalance, METH_VARARGS,
      "rebalance(model, force=None) -> changed: FlowModel._rebalance_py's work on `model`, compiled."},
     {NULL, NULL, 0, NULL},
@@ -927,5 +926,17 @@ PyMODINIT_FUNC PyInit__flowfill(void) {
     NAMES(INTERN)
 #undef INTERN
     if (!ONE && !(ONE = PyLong_FromLong(1))) return NULL;
-    return PyModule_Create(&MODULE);
+    PyObject *module = PyModule_Create(&MODULE);
+    if (!module) return NULL;
+    static const char *const names[K_KINDS] = {"FlowRecord", "WindowRecord", "ConnectionRecord"};
+    for (int k = 0; k < K_KINDS; k++) {
+        if (PyType_Ready(RECORDS[k]) < 0) { Py_DECREF(module); return NULL; }
+        Py_INCREF(RECORDS[k]);
+        if (PyModule_AddObject(module, names[k], (PyObject *)RECORDS[k]) < 0) {
+            Py_DECREF(RECORDS[k]);
+            Py_DECREF(module);
+            return NULL;
+        }
+    }
+    return module;
 }

@@ -17,6 +17,7 @@ import numpy as np
 
 from protocol.native import compiled
 
+from .records import FLOW_FIELDS, FlowRecord, Record
 from .transport import EPS_BITS, Connection, TcpState, TcpTransport
 
 _flowfill = compiled("emulator.flows._flowfill")  # without it: the Python filling, the same numbers
@@ -141,19 +142,24 @@ def max_min_fill_py(paths: Sequence[Sequence[Hashable]], capacity: Mapping[Hasha
     return rates, bottleneck
 
 
-@dataclass(slots=True)  # slots: emulator/flows/_flowfill.c reads and writes them in place
-class Flow:
-    path: tuple[Hashable, ...]
-    remaining_bits: float
-    rate: float = 0.0
-    version: int = 0
-    done_at: float = INF  # when its next event is due: the last bit, or a window event (tcp)
-    tcp: TcpState | None = None
-    active: bool = True  # False while it waits for its connection (messages on one connection go in order)
-    share: float = 0.0  # its last fair share not held down by its own window (bit/s)
-    bottleneck: Hashable | None = None  # what fixed its rate: a link, its window ("window", id), or None
-    link_bottleneck: Hashable | None = None  # the last link that fixed its rate
-    synced_t: float = 0.0  # remaining_bits (and the window's counters) are as of this time
+class Flow(Record, FlowRecord):
+    """A message's bits on its path (records.py holds its fields)."""
+
+    __slots__ = ()
+    FIELDS = FLOW_FIELDS
+
+    def __init__(self, path: tuple[Hashable, ...], remaining_bits: float, rate: float = 0.0, *, synced_t: float = 0.0):
+        self.path = path
+        self.remaining_bits = remaining_bits
+        self.rate = rate
+        self.version = 0
+        self.done_at = INF  # when its next event is due: the last bit, or a window event (tcp)
+        self.tcp: TcpState | None = None
+        self.active = True  # False while it waits for its connection (messages on one connection go in order)
+        self.share = 0.0  # its last fair share not held down by its own window (bit/s)
+        self.bottleneck: Hashable | None = None  # what fixed its rate: a link, its window ("window", id), or None
+        self.link_bottleneck: Hashable | None = None  # the last link that fixed its rate
+        self.synced_t = synced_t  # remaining_bits (and the window's counters) are as of this time
 
     @property
     def floor(self) -> float:
@@ -388,11 +394,8 @@ class FlowModel:
             if st is None or st.phase == "open":
                 paths.append(flow.path)
                 continue
-            if st.phase == "ss":
-                if st.budget > EPS_BITS:
-                    paths.append(flow.path)
-                    continue
-                cap = 0.0
+            if st.phase == "ss":  # TcpTransport.cap: the pacing rate while the round's budget lasts
+                cap = st.pacing if st.budget > EPS_BITS else 0.0
             else:
                 # TcpTransport.cap: W over the RTT (path_qdelay's sum, in its order) less the flow's
                 # own standing queue (own_qdelay)
@@ -405,6 +408,8 @@ class FlowModel:
                 if part is not None and part[0] in fill:
                     own = part[1] * fill[part[0]] / capacity[part[0]]
                 cap = st.conn.cwnd * st.seg_bits / ((st.rtt_base + queued) - own)
+                if st.pacing < cap:
+                    cap = st.pacing
             if cap < INF:
                 caps[st.window_key] = cap
                 paths.append(st.window_path)
@@ -534,7 +539,7 @@ def _hooks_are_ours(model_type: type, transport_type: type) -> bool:
         return False
     if transport_type is type(None):
         return True
-    transport_hooks = ("after_rates", "next_event", "cap", "sent", "_next_growth_step", "window", "_rwnd")
+    transport_hooks = ("after_rates", "next_event", "cap", "sent")
     return issubclass(transport_type, TcpTransport) and all(
         getattr(transport_type, name) is getattr(TcpTransport, name) for name in transport_hooks)
 
