@@ -19,7 +19,6 @@ from node.selection import Uniform
 from node.plugins import is_import_path
 from node.ring import RingConfig
 from node.strategies import Strategy, strategy_class
-from node.strategies.fedalign import FedAlign
 from node.strategies.fedavg import FedAvg
 from node.privacy import add_noise, noise_factor
 from node.schedule import BitSchedule
@@ -258,7 +257,6 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
     per_round = sc.selection.per_round(n)
     tensor_names = list(task.build().state_dict())
     strategy = _strategy(sc)
-    fedalign_cfg = strategy.config if isinstance(strategy, FedAlign) else None  # its client side lives in ClientActor
     q = alg.quantization
     schedule = BitSchedule(q.schedule, sc.rounds, q.b_min, q.b_max)
     server = ServerConfig(
@@ -280,8 +278,7 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
                       noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n),
                       dp.noise_multiplier or 0.0, dp.sampling, dp.accounting_delta)
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
-                          alg.train, alg.shuffle, sc.selection.checkin,
-                          fedalign_cfg, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
+                          alg.train, alg.shuffle, sc.selection.checkin, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
                           cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names))
     return server, client

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocol.codecs import Codec, CodecError, ErrorFeedback, decode_state, encode_state
+from protocol.codecs import Codec, CodecError, ErrorFeedback
 from .channel import Channel, ChannelStats, decode_with_extras
 from .cohort import CohortTrainer, TrainRequest, resolve_cohort
-from . import accounting, fedalign
+from . import accounting
 from .actor import Checkpointable, Message, Reaction, Send
 from .codec_cost import CodecTime
 from .compute import LoadModel, full_speed_seconds, loaded_duration
@@ -26,7 +26,7 @@ from .models import build_model, state_spec
 from .schedule import BitSchedule, importance
 from .stages import Privacy, privacy_stage
 from .strategies import Strategy
-from .strategies.base import ClientStep
+from .strategies.base import ClientStep, SessionPlan
 from .strategies.fedavg import FedAvg
 from .training import LocalTraining, TrainingResult
 
@@ -91,7 +91,6 @@ class ClientConfig:
     train: bool = True  # False: communication only, the received model goes back re-encoded
     shuffle: str = "every_epoch"
     checkin: bool = False  # check in with the server whenever the device comes online
-    fedalign: fedalign.FedAlignConfig | None = None  # FedAlign: statistics phase, aligned data, DP update
     error_feedback: bool = False  # keep the upload's compression residual (lost when the device goes offline)
     max_samples: int | None = None  # train on at most this many samples per round (a fresh seeded subset)
     up_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
@@ -125,7 +124,7 @@ class ClientActor(Checkpointable):
         self.cfg = cfg
         self.rejected = 0
         self.generation = 0  # bumped when the device comes back online: work begun before is lost
-        self.pending: dict[int, tuple[Message, np.ndarray]] = {}  # FedAlign: task waiting for the global moments
+        self.pending: dict[int, tuple[Message, Any]] = {}  # round -> a task its strategy's client half holds back (FedAlign)
         self.feedback = ErrorFeedback() if cfg.error_feedback else None
         self.up_stats = ChannelStats()
         self.rdp_spent: tuple[float, ...] | None = None  # the RDP curve of every release this client sent
@@ -156,7 +155,7 @@ class ClientActor(Checkpointable):
     def fixed_order(self) -> np.ndarray:
         return np.random.default_rng([self.cfg.seed, self.profile.index]).permutation(self.indices)
 
-    def _reject(self, msg: Message, error: str) -> Reaction:
+    def reject(self, msg: Message, error: str) -> Reaction:
         self.rejected += 1
         print(f"[{self.name}] rejected task of round {msg.round}: {error}", file=sys.stderr)
         return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": error}])
@@ -183,9 +182,10 @@ class ClientActor(Checkpointable):
         if msg.kind == "task":
             if msg.round <= self.closed_through:
                 return Reaction()  # its round closed before the task got here: nothing to do
-            return self._send_statistics(msg) if self.cfg.fedalign else self._train(msg, msg)
-        if msg.kind == "moments":
-            return self._train_aligned(msg)
+            own = self.cfg.strategy.client_on_task(self, msg)
+            return own if own is not None else self.train_task(msg, msg)
+        if msg.kind in self.cfg.strategy.client_message_kinds:
+            return self.cfg.strategy.client_on_message(self, msg) or Reaction()
         return Reaction()
 
     def _local_training(self, body: dict) -> tuple[Any, LocalTraining]:
@@ -201,15 +201,15 @@ class ClientActor(Checkpointable):
         """A session's training time on this client's device, unloaded."""
         return full_speed_seconds(self.profile.ms_per_sample, samples, epochs, batch_size, self.profile.ms_per_batch)
 
-    def _train(self, task: Message, now: Message, sampled: np.ndarray | None = None,
-               target: dict[str, np.ndarray] | None = None) -> Reaction:
-        """Train on the task's model and send the update. With FedAlign, `sampled` is this round's S_k
-        and `target` the global moments its data is aligned to."""
+    def train_task(self, task: Message, now: Message, plan: SessionPlan | None = None) -> Reaction:
+        """Train on the task's model and send the update, `now` (the task, or the message that let
+        it go on); `plan` is how the strategy's client half shapes the session."""
+        plan = plan or SessionPlan()
         body = task.body
         dp, local = self._local_training(body)
         samples = int(self.profile.indices.size)
         session, session_order = self._session(task.round)
-        trained_on = int(session.size) if sampled is None else int(sampled.size)
+        trained_on = int(session.size) if plan.indices is None else int(plan.indices.size)
         rng = self._task_rng(task.round)
         nu = 1.0
         if self.cfg.schedule.kind == "dynamic":
@@ -233,19 +233,19 @@ class ClientActor(Checkpointable):
             try:
                 state, extras = self._decode_task(task)
             except CodecError as exc:
-                return self._reject(task, str(exc))
+                return self.reject(task, str(exc))
             # the aggregation weight: what it trained on (all its samples unless its session is capped)
-            info = {"samples": samples if sampled is not None else trained_on, "bits": bits, "nu": nu}
+            info = {"samples": trained_on if plan.weight is None else plan.weight, "bits": bits, "nu": nu}
             if self.cfg.checkin:
                 info["status"] = status
             data, indices, order = self.data, session, session_order
-            if sampled is not None:
-                data = self._aligned(sampled, target)
-                indices, order = np.arange(sampled.size), None
+            if plan.indices is not None:
+                data = plan.data() if callable(plan.data) else plan.data if plan.data is not None else self.data
+                indices, order = plan.indices, None
             step, release = self._trained(state, extras, info, dp, local, rng, indices, order, data)
-            if sampled is not None:
-                out, aligned_release = self._fedalign_upload(state, step.state, local, indices, rng, info, up, bits)
-                release = aligned_release or release
+            if plan.upload is not None:
+                out, own_release = plan.upload(state, step.state, local, indices, rng, info, up, bits)
+                release = own_release or release
             else:
                 out = up.encode(step.state, rng, bits=bits, reference=state, delta=self.cfg.strategy.uploads_delta,
                                 extras=step.extras)
@@ -264,7 +264,7 @@ class ClientActor(Checkpointable):
                     self.strategy_state = step.client_state
                 if release:
                     self.rdp_spent = self._spent_with(release)
-                return Reaction(sends=[update], reports=[self._released(task.round, release)] if release else [])
+                return Reaction(sends=[update], reports=[self.released(task.round, release)] if release else [])
 
             return deliver
 
@@ -299,17 +299,6 @@ class ClientActor(Checkpointable):
             info["dp_epsilon_total"] = accounting.rdp_epsilon(spent, self.cfg.privacy.accounting_delta)[0]
         return step, release
 
-    def _fedalign_upload(self, state, new_state, local: LocalTraining, indices, rng, info: dict, up: Channel, bits):
-        """FedAlign's update: the clipped, noised pseudo-gradient as a delta (Eq. 3.5-3.6)."""
-        steps = local.epochs * -(-int(indices.size) // local.batch_size)
-        fa = self.cfg.fedalign
-        update = fedalign.private_update(state, new_state, local.lr * steps, fa.clip, fa.epsilon, fa.delta, rng)
-        info.update(noise_scale=update.noise_scale, update_norm=update.norm)
-        release = None
-        if update.noise_scale > 0:
-            release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
-        return up.encode(update.delta, rng, bits=bits, is_delta=True), release
-
     def _session(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
         """The samples of this round's training session and their fixed batch order: all of them, or
         a fresh seeded subset of max_samples (a device trains for a bounded session, and a client with
@@ -321,56 +310,11 @@ class ClientActor(Checkpointable):
         chosen = np.sort(self.indices[pick])
         return chosen, self.fixed_order[np.isin(self.fixed_order, chosen)]
 
-    # ---- FedAlign (docs/algorithms.md 3.1) ------------------------------------------------------------
-    def _send_statistics(self, task: Message) -> Reaction:
-        """Step 2: moments of this round's unsampled data, clipped and noised, to the server. The
-        task waits here for the global moments. Their computation is not given emulated time (one
-        pass over a few thousand inputs, against epochs of training)."""
-        fa = self.cfg.fedalign
-        rng = np.random.default_rng([self.cfg.seed, task.round, self.profile.index, 0xA1])
-        sampled, unsampled = fedalign.split_round(self.indices, fa, rng)
-        x, _ = self.data.batch(torch.from_numpy(unsampled))
-        low, high = fa.input_range
-        raw = fedalign.raw_moments(x.cpu().numpy(), fa.granularity, fa.moments, low, high)
-        stats = fedalign.privatize_moments(raw, fedalign.raw_moment_ranges(low, high, fa.moments),
-                                           int(unsampled.size), fa.stat_epsilon, fa.stat_delta, rng)
-        encoded = encode_state(stats.raw, fedalign.MOMENTS_CODEC, rng)
-        self.pending = {task.round: (task, sampled)}  # an older round's task is abandoned
-        reports = []
-        if stats.sigma > 0:
-            release = accounting.gaussian_release("statistics", stats.sigma, stats.sensitivity, fa.stat_epsilon, fa.stat_delta)
-            reports.append(self._released(task.round, release))
-        return Reaction(sends=[Send(self.profile.aggregator, "stats", task.round, {"samples": int(self.profile.indices.size)},
-                                    encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], reports=reports)
-
     def _spent_with(self, release: accounting.Release) -> tuple[float, ...]:
         """This client's RDP curve with one more release (RDP composes by adding, order by order)."""
         curve = release.rdp_curve()
         return curve if self.rdp_spent is None else tuple(a + b for a, b in zip(self.rdp_spent, curve))
 
-    def _released(self, round_: int, release: accounting.Release) -> dict:
+    def released(self, round_: int, release: accounting.Release) -> dict:
         """A report for the run's privacy ledger: this client sent a noised message."""
         return {"type": "privacy", "actor": self.name, "round": round_, **dataclasses.asdict(release)}
-
-    def _train_aligned(self, msg: Message) -> Reaction:
-        task, sampled = self.pending.pop(msg.round, (None, None))
-        if task is None:
-            return Reaction()
-        try:
-            wanted = fedalign.MOMENTS[: self.cfg.fedalign.moments]
-            target, _ = decode_state(msg.frames, {k: ((self.moment_size,), "f4") for k in wanted})
-        except CodecError as exc:
-            return self._reject(msg, f"global moments: {exc}")
-        return self._train(task, msg, sampled, target)
-
-    @property
-    def moment_size(self) -> int:
-        shape = self.data.input_shape
-        return int(shape[0]) if self.cfg.fedalign.granularity == "channel" else int(np.prod(shape))
-
-    def _aligned(self, sampled: np.ndarray, target: dict[str, np.ndarray]) -> Dataset:
-        """S_k' = Align(S_k; global moments), as float inputs in the same [0, 1] scale as the rest."""
-        x, y = self.data.batch(torch.from_numpy(sampled))
-        fa = self.cfg.fedalign
-        aligned = fedalign.align(x.cpu().numpy(), target, fa.granularity, higher=fa.moments == 4)
-        return Dataset(torch.from_numpy(aligned).to(y.device), y, self.data.classes)

@@ -99,6 +99,18 @@ class RoundControl:
 TrainFn = Callable[..., tuple[State, Any]]
 
 
+@dataclass
+class SessionPlan:
+    """How a strategy's client half shapes one training session; None everywhere is the client's
+    own session, weighted by what it trained on, uploaded through its channel."""
+
+    indices: np.ndarray | None = None  # what it trains on, as indices into `data`
+    data: Any = None  # the data set they index (node.data.Dataset), or a function that makes it when the session runs
+    weight: int | None = None  # its aggregation weight (samples)
+    # upload(global_state, trained_state, local, indices, rng, info, channel, bits) -> (channel output, privacy release or None)
+    upload: Callable[..., tuple[Any, Any]] | None = None
+
+
 class Strategy:
     """Base class: FedAvg's hooks with no aggregation rule. Subclasses register by name."""
 
@@ -108,6 +120,7 @@ class Strategy:
     uploads_delta: ClassVar[bool] = False  # True: clients send model deltas whatever their codec
     keeps_late: ClassVar[bool] = False  # True: an update a deadline cut off joins a later round, with its staleness
     message_kinds: ClassVar[tuple[str, ...]] = ()  # extra client -> server messages handled by on_message
+    client_message_kinds: ClassVar[tuple[str, ...]] = ()  # extra server -> client messages handled by client_on_message
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that outlive a round (checkpointed)
     options_key: ClassVar[str] = "options"  # where a scenario keeps its options: algorithm.<options_key>
     capabilities: ClassVar[Capabilities] = Capabilities()
@@ -167,6 +180,17 @@ class Strategy:
     def client_state(self) -> dict[str, Any]:
         """A client's own state before its first round (per client, kept across rounds and in checkpoints)."""
         return {}
+
+    def client_on_task(self, client, task) -> Any:
+        """A task reached `client` (node.client.ClientActor). None: it trains at once. Else the
+        Reaction (node.actor) of a client half that talks to the server first (a task that waits
+        for an answer stays in client.pending, which is checkpointed, until client_on_message
+        trains it with client.train(task, message, SessionPlan))."""
+        return None
+
+    def client_on_message(self, client, msg) -> Any:
+        """A server message of one of client_message_kinds reached `client`: its Reaction, or None."""
+        return None
 
     # ---- extra arrays beside the model --------------------------------------------------------
     def extras_spec(self, model_spec: dict[str, tuple[tuple[int, ...], str]], direction: str

@@ -1,18 +1,21 @@
-"""FedAlign's server side (docs/algorithms.md part 3): before training, every selected client sends
+"""FedAlign, both halves (docs/algorithms.md part 3): before training, every selected client sends
 the noised moments of its unsampled data; when all are in, the server sends their aggregate
-back, and the clients train on data aligned to it. Updates then combine as FedAvg's, with the
-server step eta of Eq. 3.7."""
+back, and the clients train on data aligned to it and upload a clipped, noised pseudo-gradient.
+Updates then combine as FedAvg's, with the server step eta of Eq. 3.7. The arithmetic is
+node/fedalign.py's."""
 from __future__ import annotations
 
 from typing import Literal, Optional
 
 import numpy as np
+import torch
 from pydantic import Field, field_validator, model_validator
 
 from protocol.codecs import CodecError, decode_state, encode_state
-from .. import fedalign
-from ..actor import Send
-from .base import RoundControl, register
+from .. import accounting, fedalign
+from ..actor import Reaction, Send
+from ..data import Dataset
+from .base import RoundControl, SessionPlan, register
 from .fedavg import FedAvg
 
 
@@ -20,6 +23,7 @@ from .fedavg import FedAvg
 class FedAlign(FedAvg):
     options_key = "fedalign"  # its options live under algorithm.fedalign
     message_kinds = ("stats",)
+    client_message_kinds = ("moments",)
 
     class Options(FedAvg.Options):
         """FedAlign (docs/algorithms.md part 3). The paper's values were not recovered; these defaults are ours."""
@@ -105,3 +109,62 @@ class FedAlign(FedAvg):
         to = sorted(self.stats)
         self.stats = {}
         return [Send(to, "moments", control.index, {}, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)]
+
+    # ---- client half (docs/algorithms.md 3.1) ---------------------------------------------------
+    def client_on_task(self, client, task) -> Reaction:
+        """Step 2: moments of this round's unsampled data, clipped and noised, to the server. The
+        task waits in client.pending for the global moments. Their computation is not given
+        emulated time (one pass over a few thousand inputs, against epochs of training)."""
+        fa = self.config
+        rng = np.random.default_rng([client.cfg.seed, task.round, client.profile.index, 0xA1])
+        sampled, unsampled = fedalign.split_round(client.indices, fa, rng)
+        x, _ = client.data.batch(torch.from_numpy(unsampled))
+        low, high = fa.input_range
+        raw = fedalign.raw_moments(x.cpu().numpy(), fa.granularity, fa.moments, low, high)
+        stats = fedalign.privatize_moments(raw, fedalign.raw_moment_ranges(low, high, fa.moments),
+                                           int(unsampled.size), fa.stat_epsilon, fa.stat_delta, rng)
+        encoded = encode_state(stats.raw, fedalign.MOMENTS_CODEC, rng)
+        client.pending = {task.round: (task, sampled)}  # an older round's task is abandoned
+        reports = []
+        if stats.sigma > 0:
+            release = accounting.gaussian_release("statistics", stats.sigma, stats.sensitivity, fa.stat_epsilon, fa.stat_delta)
+            reports.append(client.released(task.round, release))
+        return Reaction(sends=[Send(client.profile.aggregator, "stats", task.round, {"samples": int(client.profile.indices.size)},
+                                    encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)], reports=reports)
+
+    def client_on_message(self, client, msg) -> Reaction | None:
+        """Step 4: the global moments are in: train on S_k aligned to them, weighted by all of the
+        client's samples, and upload the private pseudo-gradient."""
+        task, sampled = client.pending.pop(msg.round, (None, None))
+        if task is None:
+            return None
+        try:
+            wanted = fedalign.MOMENTS[: self.config.moments]
+            target, _ = decode_state(msg.frames, {k: ((self._moment_size(client.data),), "f4") for k in wanted})
+        except CodecError as exc:
+            return client.reject(msg, f"global moments: {exc}")
+        plan = SessionPlan(indices=np.arange(sampled.size), data=lambda: self._aligned(client.data, sampled, target),
+                           weight=int(client.profile.indices.size), upload=self._private_upload)
+        return client.train_task(task, msg, plan)
+
+    def _moment_size(self, data: Dataset) -> int:
+        shape = data.input_shape
+        return int(shape[0]) if self.config.granularity == "channel" else int(np.prod(shape))
+
+    def _aligned(self, data: Dataset, sampled: np.ndarray, target: dict[str, np.ndarray]) -> Dataset:
+        """S_k' = Align(S_k; global moments), as float inputs in the same [0, 1] scale as the rest."""
+        x, y = data.batch(torch.from_numpy(sampled))
+        fa = self.config
+        aligned = fedalign.align(x.cpu().numpy(), target, fa.granularity, higher=fa.moments == 4)
+        return Dataset(torch.from_numpy(aligned).to(y.device), y, data.classes)
+
+    def _private_upload(self, state, new_state, local, indices, rng, info: dict, up, bits):
+        """FedAlign's update: the clipped, noised pseudo-gradient as a delta (Eq. 3.5-3.6)."""
+        steps = local.epochs * -(-int(indices.size) // local.batch_size)
+        fa = self.config
+        update = fedalign.private_update(state, new_state, local.lr * steps, fa.clip, fa.epsilon, fa.delta, rng)
+        info.update(noise_scale=update.noise_scale, update_norm=update.norm)
+        release = None
+        if update.noise_scale > 0:
+            release = accounting.gaussian_release("update", update.noise_scale, 2.0 * fa.clip, fa.epsilon, fa.delta)
+        return up.encode(update.delta, rng, bits=bits, is_delta=True), release
