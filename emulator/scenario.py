@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -14,13 +14,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from protocol.codecs import CodecError, make_codec
 from node.data import DATASETS
 from node.device import check_spec
-from node.models import MODELS, user_model
+from node.models import MODELS, NO_PER_SAMPLE_GRADIENTS, user_model
 from node.plugins import PluginError, is_import_path, resolve_callable
 from node.selection import Oort, Selector, selector_class
 from node.strategies import REGISTRY, StrategyError, strategy_class
 from node.strategies.fedalign import FedAlign
 
 from .flows.congestion import CONGESTION_CONTROLS
+from .rules import (Fits, Needs, OneOf, OnlyWhen, Ordered, OwnOptions, SectionRefusal, algorithm_fits, check_section,
+                    scenario_refusals)
+from .topology import TOPOLOGIES
 
 
 class ScenarioError(ValueError):
@@ -28,7 +31,13 @@ class ScenarioError(ValueError):
 
 
 class Strict(BaseModel):
+    """A section: unknown keys refused, and its declared rules over its own fields (emulator/rules.py)."""
     model_config = ConfigDict(extra="forbid")
+    rules: ClassVar[tuple] = ()
+
+    @model_validator(mode="after")
+    def _declared_rules(self):
+        return check_section(self)
 
 
 class DeviceMix(Strict):
@@ -51,11 +60,7 @@ class DeviceMix(Strict):
     load_mean: float = Field(0.0, ge=0, lt=1, description="mean background CPU load (Beta-distributed per period)")
     load_period_s: float = Field(60.0, gt=0, description="how long one background-load level lasts")
 
-    @model_validator(mode="after")
-    def _one_speed(self):
-        if (self.ms_per_sample is None) == (self.gflops is None):
-            raise ValueError("give exactly one of ms_per_sample and gflops")
-        return self
+    rules = (OneOf("ms_per_sample", "gflops"),)
 
     @field_validator("battery_start")
     @classmethod
@@ -83,6 +88,7 @@ class Availability(Strict):
     mean_on_s: float = Field(3600.0, gt=0, description="markov: mean on-period")
     mean_off_s: float = Field(600.0, gt=0, description="markov: mean off-period")
     trace: Optional[str] = Field(None, description="trace: FedScale behaviour file (pickle or JSON), relative to the scenario")
+    rules = (Needs("kind", ("trace",), values=("trace",), why="the FedScale behaviour file"),)
 
 
 class SharedLink(Strict):
@@ -188,13 +194,12 @@ class Task(Strict):
             raise ValueError(f"unknown model; use one of {', '.join(MODELS)} or package.module:factory")
         return v
 
+    rules = (OwnOptions("dataset_options", "dataset", "keyword arguments of your own dataset (package.module:name), not of {value}"),
+             OwnOptions("model_options", "model", "keyword arguments of your own model (package.module:name), not of {value}"))
+
     @model_validator(mode="after")
-    def _own_components(self):
-        """Options only for your own components; your factory must give a torch.nn.Module."""
-        for key in ("dataset", "model"):
-            if getattr(self, f"{key}_options") and not is_import_path(getattr(self, key)):
-                raise ValueError(f"task.{key}_options: keyword arguments of your own {key} (package.module:name), "
-                                 f"not of {getattr(self, key)}")
+    def _own_model(self):
+        """Your factory must give a torch.nn.Module."""
         if is_import_path(self.model):
             try:
                 user_model(self.model, self.model_options)
@@ -257,11 +262,8 @@ class Selection(Strict):
     wait_s: float = Field(300.0, ge=0, description="with fewer, wait this long (emulated, for check-ins), then run with "
                                                    "whoever is eligible or skip the round (no_eligible_clients incident)")
 
-    @model_validator(mode="after")
-    def _one_of(self):
-        if (self.clients_per_round is None) == (self.fraction is None):
-            raise ValueError("give exactly one of clients_per_round and fraction")
-        return self
+    rules = (OneOf("clients_per_round", "fraction"),
+             OwnOptions("options", "policy", "the options of your own policy (package.module:Class); {value}'s are keys of selection"))
 
     @field_validator("policy")
     @classmethod
@@ -271,10 +273,7 @@ class Selection(Strict):
 
     @model_validator(mode="after")
     def _policy_options(self):
-        """Your own policy's options are selection.options; a built-in one's are its own keys here."""
-        if self.options and not is_import_path(self.policy):
-            raise ValueError(f"selection.options: the options of your own policy (package.module:Class); "
-                             f"{self.policy}'s are keys of selection")
+        """Your own policy's options are selection.options (its rules); a built-in one's are its own keys here."""
         try:
             self.build_selector()
         except ValidationError as exc:
@@ -370,11 +369,7 @@ class Quantization(Strict):
     b_max: int = Field(32, ge=2, le=32)
     lambda_h: float = Field(0.5, ge=0, le=1, description="entropy weight of Eq. 1.7 (released script 0.5; paper text 0.75)")
 
-    @model_validator(mode="after")
-    def _range(self):
-        if self.b_min > self.b_max:
-            raise ValueError(f"b_min ({self.b_min}) exceeds b_max ({self.b_max})")
-        return self
+    rules = (Ordered("b_min", "b_max"),)
 
 
 class PrivacySpec(Strict):
@@ -393,22 +388,19 @@ class PrivacySpec(Strict):
     accounting_delta: float = Field(
         1e-5, gt=0, lt=1, description="the delta at which summary.json converts each client's composed zCDP to (epsilon, delta)")
 
+    rules = (
+        Needs("mechanism", ("clip", "noise_multiplier"), values=("dpsgd",)),
+        OnlyWhen("epsilon", "mechanism", ("none", "laplace", "gaussian"),
+                 why="dpsgd spends what clip, noise_multiplier, sampling and the steps give; the run reports it "
+                     "(clients.csv dp_epsilon, summary.json privacy_spent)"),
+        OnlyWhen("noise_multiplier", "mechanism", ("dpsgd",)),
+        Needs("mechanism", ("epsilon", "clip"), values=("laplace", "gaussian")),
+    )
+
     @model_validator(mode="after")
-    def _complete(self):
-        if self.mechanism == "dpsgd":
-            if self.clip is None or self.noise_multiplier is None:
-                raise ValueError("mechanism dpsgd needs clip and noise_multiplier")
-            if self.epsilon is not None:
-                raise ValueError("epsilon: dpsgd spends what clip, noise_multiplier, sampling and the steps give; "
-                                 "the run reports it (clients.csv dp_epsilon, summary.json privacy_spent)")
-            return self
-        if self.noise_multiplier is not None:
-            raise ValueError(f"noise_multiplier: only for mechanism dpsgd, got mechanism {self.mechanism}")
-        if self.mechanism != "none":
-            if self.epsilon is None or self.clip is None:
-                raise ValueError(f"mechanism {self.mechanism} needs epsilon and clip")
-            if self.mechanism == "gaussian" and self.delta <= 0:
-                raise ValueError("mechanism gaussian needs 0 < delta < 1")
+    def _gaussian_delta(self):
+        if self.mechanism == "gaussian" and self.delta <= 0:
+            raise ValueError("mechanism gaussian needs 0 < delta < 1")
         return self
 
 
@@ -505,6 +497,8 @@ class Algorithm(Strict):
     firma: Firma = Field(default_factory=Firma)
     fedalign: FedAlign.Options = Field(default_factory=FedAlign.Options)
     flower: FlowerSpec = Field(default_factory=FlowerSpec)
+    rules = (OnlyWhen("codec_time", "charge_codec_time", (True,),
+                      why="a measured table is used only with charge_codec_time: true"),)
 
     @field_validator("prox_mu")
     @classmethod
@@ -522,22 +516,14 @@ class Algorithm(Strict):
             return "auto" if value else "off"
         return value
 
-    @model_validator(mode="after")
-    def _codec_time_charged(self):
-        if self.codec_time is not None and not self.charge_codec_time:
-            raise ValueError("codec_time: a measured table is used only with charge_codec_time: true")
-        return self
 
     @model_validator(mode="after")
     def _strategy_options(self):
-        """The name is a registered strategy (or the ring's fibfl) and its options are its own."""
+        """The name is a registered strategy (or the ring's fibfl) and its options are its own (the
+        algorithm's Fits refuses options given where its options are not: emulator/rules.py)."""
         if self.name in RING_ALGORITHMS:
-            if self.options:
-                raise ValueError(f"options: {self.name}'s options are algorithm.firma")
             return self
         if self.name == FLOWER:
-            if self.options:
-                raise ValueError("options: a Flower app's options are algorithm.flower.run_config")
             if not self.flower.app and not (self.flower.server_app and self.flower.client_app):
                 raise ValueError("flower.app: name the Flower app (a directory with pyproject.toml, or module:attribute)")
             return self
@@ -547,8 +533,6 @@ class Algorithm(Strict):
             ring = "" if is_import_path(self.name) else f", or {', '.join(RING_ALGORITHMS)} on a ring"
             raise ValueError(f"name: {exc}{ring}") from None
         if cls.options_key != "options":
-            if self.options:
-                raise ValueError(f"options: {self.name}'s options are algorithm.{cls.options_key}")
             return self
         try:
             self.options = cls.Options.model_validate(self.options).model_dump()
@@ -613,18 +597,13 @@ class NetworkModel(Strict):
                                "only what a change moves (emulator/flows/levelflows.py), the same times, for thousands of "
                                "concurrent flows; fluid transport only so far")
 
-    @model_validator(mode="after")
-    def _incremental_is_fluid_only(self):
-        if self.flow_solver == "incremental" and self.transport != "fluid":
-            raise ValueError("network.flow_solver: incremental runs with transport: fluid only so far (its tcp windows "
-                             "are not yet within the from-scratch model's times); use flow_solver: scratch for tcp")
-        return self
-
-    @model_validator(mode="after")
-    def _tcp_needs_segments(self):
-        if self.transport == "tcp" and self.mss == 0:
-            raise ValueError("network.mss: the tcp transport counts its window in segments, so mss must be > 0 (or use transport: fluid)")
-        return self
+    rules = (
+        OnlyWhen("flow_solver", "transport", ("fluid",), value="incremental",
+                 why="incremental runs with transport: fluid only so far (its tcp windows are not yet within the "
+                     "from-scratch model's times); use flow_solver: scratch for tcp"),
+        OnlyWhen("mss", "transport", ("fluid",), value=0,
+                 why="the tcp transport counts its window in segments, so mss must be > 0 (or use transport: fluid)"),
+    )
 
 
 class Fault(Strict):
@@ -639,6 +618,14 @@ class Clock(Strict):
     mode: Literal["virtual", "realtime"] = "virtual"
     speedup: float = Field(1.0, gt=0, description="realtime: emulated seconds per wall second")
     lag_bound_s: float = Field(0.1, gt=0, description="realtime: a run whose worst lag exceeds this (wall s) is not faithful")
+
+    def fits(self, sc) -> Fits:
+        """Checkpoints need the virtual clock: a realtime run cannot stop its wall clock to take one."""
+        if self.mode == "virtual":
+            return Fits(who="clock.mode virtual")
+        return Fits(who=f"clock.mode {self.mode}", checkpoints=(
+            f"checkpoints are for the star topology in virtual time (this scenario has topology {sc.topology}, "
+            f"clock.mode {self.mode})"))
 
 
 class Output(Strict):
@@ -694,63 +681,11 @@ class Scenario(Strict):
             for name in shared.links:
                 if name not in names:
                     raise ValueError(f"population.shared_links[{i}].links: no link mix named {name!r} (have {sorted(names)})")
-        if self.population.availability.kind == "trace" and not self.population.availability.trace:
-            raise ValueError("population.availability.trace: kind trace needs a trace file")
         return self
 
     @model_validator(mode="after")
-    def _late_updates_need_a_deadline(self):
-        name = self.algorithm.name
-        if name not in NOT_STRATEGIES and strategy_class(name).keeps_late and self.round.timeout_s is None:
-            raise ValueError(f"round.timeout_s: {name} keeps the updates a round's deadline cut off; without a "
-                             f"deadline there are none (set one)")
-        return self
-
-    @model_validator(mode="after")
-    def _closed_rounds_are_told_by_a_server(self):
-        if not self.round.notify_closed:
-            return self
-        name = self.algorithm.name
-        if self.topology != "star" or name in NOT_STRATEGIES:
-            raise ValueError(f"round.notify_closed: the synchronous server of topology star tells clients that a round "
-                             f"closed; here the topology is {self.topology} and algorithm.name {name}")
-        strategy = strategy_class(name)
-        if strategy.asynchronous or strategy.keeps_late:
-            raise ValueError(f"round.notify_closed: {name} uses updates that arrive after their round closed; "
-                             f"telling their clients to stop would lose them (leave notify_closed false)")
-        return self
-
-    @model_validator(mode="after")
-    def _asynchronous_fits(self):
-        """What synchronous rounds mean does not carry over to a strategy that steps as updates arrive."""
-        if self.algorithm.name in NOT_STRATEGIES or not strategy_class(self.algorithm.name).asynchronous:
-            return self
-        name = self.algorithm.name
-        if self.round.policy != "all":
-            raise ValueError(f"round.policy: {self.round.policy} closes synchronous rounds; {name} steps every "
-                             f"buffer_size updates (leave round.policy at all)")
-        if self.selection.over_selection != 1.0:
-            raise ValueError(f"selection.over_selection: {name} keeps algorithm.options.concurrency clients training; "
-                             f"over-selection does not apply")
-        if selector_class(self.selection.policy).rounds_only:
-            raise ValueError(f"selection.policy: {self.selection.policy} scores the clients of synchronous rounds; use "
-                             f"random, resource_aware or fastest with {name}")
-        if self.algorithm.quantization.schedule != "static":
-            raise ValueError(f"algorithm.quantization.schedule: {self.algorithm.quantization.schedule} follows "
-                             f"synchronous rounds; use static with {name}")
-        if self.run.checkpoint_every is not None:
-            raise ValueError(f"run.checkpoint_every: a {name} run always has clients training, and a checkpoint "
-                             f"needs an instant when nothing is under way")
-        if self.population.availability.kind != "always" and self.round.timeout_s is None:
-            raise ValueError(f"round.timeout_s: devices go offline here; {name} needs a per-client timeout to "
-                             f"replace a client that never answers")
-        return self
-
-    @model_validator(mode="after")
-    def _hierarchy_fits(self):
+    def _hierarchy_edges(self):
         if self.topology != "hierarchical":
-            if self.hierarchy is not None:
-                raise ValueError(f"hierarchy: applies to topology hierarchical, not {self.topology}")
             return self
         if self.hierarchy is None:
             self.hierarchy = Hierarchy()
@@ -760,116 +695,26 @@ class Scenario(Strict):
                              "or give a number of edges")
         if isinstance(edges, int) and not 1 <= edges <= self.population.clients:
             raise ValueError(f"hierarchy.edges: between 1 and population.clients ({self.population.clients}), got {edges}")
-        name = self.algorithm.name
-        if name in NOT_STRATEGIES or strategy_class(name).asynchronous or strategy_class(name).message_kinds:
-            raise ValueError(f"algorithm.name: a hierarchy's edges run synchronous rounds of a one-phase strategy "
-                             f"(fedavg, fedprox, fedavgm), not {name}")
-        if self.algorithm.quantization.schedule != "static":
-            raise ValueError("algorithm.quantization.schedule: adaptive bit schedules follow a star's rounds; use static")
-        if self.run.checkpoint_every is not None:
-            raise ValueError("run.checkpoint_every: checkpoints are for star topologies")
         return self
 
     @model_validator(mode="after")
-    def _topology_fits(self):
-        ring_algorithms = RING_ALGORITHMS
-        if self.topology == "ring":
-            if self.algorithm.name not in ring_algorithms:
-                raise ValueError(f"topology ring runs algorithm.name fibfl, got {self.algorithm.name!r}")
-            if self.population.clients < 3:
-                raise ValueError(f"topology ring needs at least 3 clients, got population.clients {self.population.clients}")
-            if "selection" in self.model_fields_set:
-                raise ValueError("selection: a ring has no server to select; every client takes part in every round")
-            if self.population.availability.kind != "always" and self.algorithm.firma.pass_timeout_s is None:
-                raise ValueError("population.availability: a ring waits for its neighbours; with devices that go "
-                                 "offline set algorithm.firma.pass_timeout_s")
-            if self.algorithm.privacy.mechanism != "none" or self.algorithm.quantization.schedule != "static":
-                raise ValueError("algorithm.privacy and algorithm.quantization.schedule apply to star algorithms only")
-            if self.algorithm.charge_codec_time:
-                raise ValueError("algorithm.charge_codec_time: charged to the clients of a server; a ring's gossip is not")
-        elif self.algorithm.name in ring_algorithms:
-            raise ValueError(f"algorithm.name {self.algorithm.name} runs on topology: ring")
-        if self.algorithm.name == FLOWER:
-            if self.topology != "star":
-                raise ValueError(f"algorithm.name flower: a Flower app has one ServerApp; it runs on topology star, "
-                                 f"not {self.topology}")
-            if self.run.checkpoint_every is not None:
-                raise ValueError("run.checkpoint_every: a Flower app's state lives in its own Python objects; "
-                                 "it cannot be checkpointed")
-            if not selector_class(self.selection.policy).filters_only:
-                raise ValueError(f"selection.policy: a Flower strategy samples its own nodes; {self.selection.policy} "
-                                 "does not apply (resource_aware's thresholds do: they filter the Grid's nodes)")
-            pipeline = "the core paper's pipeline is not a Flower app's (use Flower's own DP mods)"
-            if self.algorithm.privacy.mechanism != "none":
-                raise ValueError(f"algorithm.privacy.mechanism: {pipeline}; leave it at none")
-            if self.algorithm.quantization.schedule != "static":
-                raise ValueError(f"algorithm.quantization.schedule: {pipeline}; leave it at static")
-        if self.run.checkpoint_every is not None and (self.topology == "ring" or self.clock.mode == "realtime"):
-            raise ValueError("run.checkpoint_every: checkpoints are for the star topology in virtual time "
-                             f"(this scenario has topology {self.topology}, clock.mode {self.clock.mode})")
-        if self.algorithm.name == "fedalign" and self.algorithm.privacy.mechanism != "none":
-            raise ValueError("algorithm.privacy is the core paper's local DP; FedAlign has its own (algorithm.fedalign.clip, epsilon)")
-        if self.algorithm.privacy.mechanism == "dpsgd" and self.task.model in ("vgg7", "char_lstm"):
-            raise ValueError(f"algorithm.privacy.mechanism dpsgd needs per-sample gradients: task.model {self.task.model} "
-                             "has " + ("BatchNorm, which mixes the samples of a batch" if self.task.model == "vgg7" else
-                                       "an LSTM, which has no vectorised per-sample rule") + "; use mnist_cnn, mlp or firma_mlp")
-        if self.algorithm.name == "fibfl" and self.task.model != "firma_mlp":
-            raise ValueError(f"algorithm fibfl keeps a private head: task.model must be firma_mlp, got {self.task.model!r}")
+    def _parts_fit(self):
+        """What the topology, the algorithm, the clock mode and the model declare they work with
+        (emulator/rules.py): the first setting one of them refuses, in one line naming its key."""
+        refused = scenario_refusals(self, self.parts())
+        if refused:
+            raise ValueError(refused[0])
         return self
 
-    @model_validator(mode="after")
-    def _capabilities(self):
-        """What the strategy declares it works with (node/strategies/base.py's Capabilities)."""
-        name = self.algorithm.name
-        if name in NOT_STRATEGIES:
-            return self
-        cls = strategy_class(name)
-        caps = cls.capabilities
-        if self.topology not in caps.topologies:
-            raise ValueError(f"topology: {name} runs on {' or '.join(caps.topologies)}, not {self.topology}")
-        if (cls.asynchronous or self.topology != "star") and cls.has_extras():
-            raise ValueError(f"algorithm.name: {name} sends arrays beside the model, which the synchronous server "
-                             f"of topology star carries (not {'an asynchronous one' if cls.asynchronous else self.topology})")
-        mechanism = self.algorithm.privacy.mechanism
-        if mechanism not in caps.privacy:
-            raise ValueError(f"algorithm.privacy.mechanism: {name} works with {', '.join(caps.privacy)}, not {mechanism}")
-        codecs = self.algorithm.codec
-        for direction in ("up", "down"):
-            spec = getattr(codecs, direction)
-            if spec.sends_updates() and not caps.delta_codecs:
-                raise ValueError(f"algorithm.codec.{direction}: {name} works with dense codecs (fp32, fp16, bf16, int) "
-                                 f"without error feedback, not with {spec.name}"
-                                 f"{' and error feedback' if spec.error_feedback else ''}")
-        if self.run.checkpoint_every is not None and not caps.checkpoints:
-            raise ValueError(f"run.checkpoint_every: {name}'s state cannot be checkpointed")
-        if not self.algorithm.train and not caps.communication_only:
-            raise ValueError(f"algorithm.train: {name} needs training (its state comes from it); leave train true")
-        return self
+    def parts(self) -> list[Fits]:
+        return [TOPOLOGIES[self.topology].fits(self), algorithm_fits(self), self.clock.fits(self),
+                _model_fits(self.task.model)]
 
     @model_validator(mode="after")
-    def _error_feedback_on_star_uploads(self):
+    def _downloads_keep_no_error_feedback(self):
         if self.algorithm.codec.down.error_feedback:
             raise ValueError("algorithm.codec.down.error_feedback: error feedback is kept by the clients on their uploads "
                              "(algorithm.codec.up.error_feedback)")
-        if self.algorithm.codec.up.error_feedback and (self.topology == "ring" or self.algorithm.name == "fedalign"):
-            raise ValueError(f"algorithm.codec.up.error_feedback: supported for fedavg/fedprox uploads on a star, "
-                             f"not for {self.algorithm.name} on a {self.topology}")
-        return self
-
-    @model_validator(mode="after")
-    def _sparsifiers_encode_updates(self):
-        """A sparsifier keeps a few entries of an update; applied to weights it zeroes most of the model."""
-        carries_weights = [("down", "the download carries the model's weights")]
-        if self.topology == "ring":
-            carries_weights.append(("up", "ring gossip carries each client's weights"))
-        for direction, why in carries_weights:
-            spec = getattr(self.algorithm.codec, direction)
-            for name, codec in spec.named_codecs():
-                if codec.encodes_delta:
-                    raise ValueError(f"algorithm.codec.{direction}: {name} encodes updates (deltas), but {why}; "
-                                     "use a dense codec (fp32, fp16, bf16, int)")
-        if self.topology == "ring" and self.algorithm.codec.up.layers:
-            raise ValueError("algorithm.codec.up.layers: per-layer codecs apply to star algorithms")
         return self
 
     @model_validator(mode="after")
@@ -879,6 +724,15 @@ class Scenario(Strict):
                 f"selection.clients_per_round ({self.selection.clients_per_round}) exceeds population.clients ({self.population.clients})"
             )
         return self
+
+
+def _model_fits(model: str) -> Fits:
+    """A model without per-sample gradients cannot run DP-SGD (node/models.py says which and why)."""
+    if model not in NO_PER_SAMPLE_GRADIENTS:
+        return Fits(who=f"task.model {model}")
+    return Fits(who=f"task.model {model}", privacy=("none", "laplace", "gaussian"),
+                privacy_why=f"dpsgd needs per-sample gradients: {model} has {NO_PER_SAMPLE_GRADIENTS[model]}; "
+                            f"use mnist_cnn, mlp or firma_mlp")
 
 
 # ---- loading -----------------------------------------------------------------------------------
@@ -922,6 +776,10 @@ def format_errors(source: str, exc: ValidationError) -> str:
         # a model validator's message that names its own key path (task.model: ...) is not prefixed twice
         if loc and re.match(rf"{re.escape(where)}[.:\[]", msg) or not loc and re.match(r"[a-z_]+(\.[a-z_\[\]0-9']+)*: ", msg):
             where, msg = msg.split(": ", 1) if ": " in msg else (where, msg)
+        elif loc and isinstance(err.get("ctx", {}).get("error"), SectionRefusal) and re.match(r"[a-z_]+: ", msg):
+            # a section's declared rule names one of its own fields
+            field_name, msg = msg.split(": ", 1)
+            where = f"{where}.{field_name}"
         lines.append(f"{source}: {where}: {msg}{got}")
     return "\n".join(lines)
 

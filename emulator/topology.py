@@ -1,16 +1,32 @@
 """How a run's actors are wired, one class per topology (after Mininet's Topo): which actors
 exist besides the clients and where they run, their links, who starts the clock and who hears
 of lost hosts, what the client hosts run, how round rows are assembled, and what summary.json
-says of it. The conductor and the CLI ask the topology and never branch on its name; the world
+says of it, and what it works with (`fits`, which the scenario schema asks: emulator/rules.py).
+The conductor, the CLI and the schema ask the topology and never branch on its name; the world
 builder (emulator/world.py) builds each topology's own parts (the ring's order, the edges)."""
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from node.processes import flower_server_main, server_main, warmup_main
 from .netconfig import SERVER, Link
 from .results import RingRounds
-from .world import World
+from .rules import Fits
+
+if TYPE_CHECKING:  # the world builder imports the schema, which asks the topologies
+    from .world import World
+
+DOWNLOAD_CARRIES_WEIGHTS = {"down": "the download carries the model's weights"}
+
+
+def _checkpoints_refused(sc) -> str:
+    return (f"checkpoints are for the star topology in virtual time (this scenario has topology {sc.topology}, "
+            f"clock.mode {sc.clock.mode})")
+
+
+def _notify_closed_refused(sc) -> str:
+    return (f"the synchronous server of topology star tells clients that a round closed; here the topology is "
+            f"{sc.topology} and algorithm.name {sc.algorithm.name}")
 
 SavedFiles = Callable[[list[str]], "list[str] | None"]  # actors -> the checkpoint files that hold them
 
@@ -21,6 +37,11 @@ class Topology:
 
     def __init__(self, world: World):
         self.world = world
+
+    @classmethod
+    def fits(cls, sc) -> Fits:
+        """What a scenario on this topology may use (emulator/rules.py)."""
+        raise NotImplementedError
 
     @property
     def client_names(self) -> list[str]:
@@ -64,6 +85,11 @@ class Topology:
 class Star(Topology):
     name = "star"
 
+    @classmethod
+    def fits(cls, sc) -> Fits:
+        return Fits(who="topology star", weights_on=DOWNLOAD_CARRIES_WEIGHTS,
+                    hierarchy="applies to topology hierarchical, not star")
+
     def server_process(self, endpoint, parent_pid, saved):
         if self.world.flower is None:
             return super().server_process(endpoint, parent_pid, saved)
@@ -78,6 +104,22 @@ class Ring(Topology):
     server is FibFL++'s warm-up aggregator, where it is an actor of its own (with the server's link)."""
     name = "ring"
     peer_traffic = True
+
+    @classmethod
+    def fits(cls, sc) -> Fits:
+        star_only = "applies to star algorithms only"
+        return Fits(
+            who="topology ring", algorithms=("fibfl",), min_clients=3,
+            selection="a ring has no server to select; every client takes part in every round",
+            offline_without_pass_timeout="a ring waits for its neighbours; with devices that go offline set "
+                                         "algorithm.firma.pass_timeout_s",
+            privacy=("none",), privacy_why=f"algorithm.privacy {star_only}", adaptive_bits=star_only,
+            codec_time="charged to the clients of a server; a ring's gossip is not",
+            checkpoints=_checkpoints_refused(sc), notify_closed=_notify_closed_refused(sc),
+            upload_error_feedback="kept by the clients of a star on their uploads; ring gossip carries each client's weights",
+            layered_uploads="per-layer codecs apply to star algorithms",
+            weights_on={**DOWNLOAD_CARRIES_WEIGHTS, "up": "ring gossip carries each client's weights"},
+            hierarchy="applies to topology hierarchical, not ring")
 
     def server_actors(self) -> list[str]:
         r = self.world.ring
@@ -114,6 +156,12 @@ class Ring(Topology):
 class Hierarchical(Topology):
     """A cloud server whose clients are edge aggregators, each with its own link and clients."""
     name = "hierarchical"
+
+    @classmethod
+    def fits(cls, sc) -> Fits:
+        return Fits(who="topology hierarchical", adaptive_bits="adaptive bit schedules follow a star's rounds; use static",
+                    checkpoints=_checkpoints_refused(sc), notify_closed=_notify_closed_refused(sc),
+                    weights_on=DOWNLOAD_CARRIES_WEIGHTS)
 
     def server_actors(self) -> list[str]:
         return [SERVER, *(e.name for e in self.world.edges)]

@@ -101,6 +101,9 @@ class CharLSTM(nn.Module):
 MODELS = ("mnist_cnn", "mlp", "vgg7", "firma_mlp", "char_lstm")
 # Parameters that never leave a client in the ring algorithms, by name prefix.
 PRIVATE_PREFIX = {"firma_mlp": "head."}
+# Models without per-sample gradients (what DP-SGD clips), and why.
+NO_PER_SAMPLE_GRADIENTS = {"vgg7": "BatchNorm, which mixes the samples of a batch",
+                           "char_lstm": "an LSTM, which has no vectorised per-sample rule"}
 
 
 def build_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int = 0,

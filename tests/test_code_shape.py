@@ -34,3 +34,13 @@ def test_compiled_modules_are_chosen_in_one_place():
     assert not direct, direct
     users = [p for p in SOURCES if 'compiled("' in p.read_text()]
     assert len(users) == 4
+
+
+def test_the_schema_refuses_by_declaration():
+    """emulator/scenario.py's validators raise at most 20 times (72 before emulator/rules.py): the
+    cross-section refusals come from what the parts declare (their Fits) and a section's own from
+    its declared rules; what remains are a few hand-written refusals and component errors passed on."""
+    tree = ast.parse((ROOT / "emulator" / "scenario.py").read_text())
+    raises = sum(isinstance(x, ast.Raise) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                 and any("model_validator" in ast.unparse(d) for d in node.decorator_list) for x in ast.walk(node))
+    assert 0 < raises <= 20, raises

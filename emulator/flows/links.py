@@ -15,12 +15,10 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from protocol.native import compiled
-
 from .records import FLOW_FIELDS, FlowRecord, Record
+from .records import native as _flowfill  # without it: the Python filling, the same numbers
 from .transport import EPS_BITS, Connection, TcpState, TcpTransport
 
-_flowfill = compiled("emulator.flows._flowfill")  # without it: the Python filling, the same numbers
 _compiled_fill = _flowfill.max_min_fill if _flowfill else None
 _compiled_rebalance = _flowfill.rebalance if _flowfill else None
 _bind_types = _flowfill.bind_types if _flowfill else None

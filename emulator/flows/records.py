@@ -22,15 +22,16 @@ WINDOW_FIELDS: tuple[str, ...] = ("conn", "rtt_base", "seg_bits", "mss", "loss",
 CONNECTION_FIELDS: tuple[str, ...] = ("cwnd", "ssthresh", "srtt", "rtts", "last_send", "sending_since", "active",
                                       "waiting", "cc")
 
-_native = compiled("emulator.flows._flowfill")
+# the compiled module (these records, the filling and the rebalance), or None; links.py uses it from here
+native = compiled("emulator.flows._flowfill")
 
 
 def _python_record(name: str, fields: tuple[str, ...]) -> type:
     return type(name, (), {"__slots__": fields, "__doc__": f"{name}: {', '.join(fields)} (the Python layout)."})
 
 
-if _native is not None:
-    FlowRecord, WindowRecord, ConnectionRecord = _native.FlowRecord, _native.WindowRecord, _native.ConnectionRecord
+if native is not None:
+    FlowRecord, WindowRecord, ConnectionRecord = native.FlowRecord, native.WindowRecord, native.ConnectionRecord
 else:
     FlowRecord = _python_record("FlowRecord", FLOW_FIELDS)
     WindowRecord = _python_record("WindowRecord", WINDOW_FIELDS)

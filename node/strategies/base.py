@@ -62,10 +62,12 @@ class ClientUpdate:
 @dataclass(frozen=True)
 class Capabilities:
     """What a strategy works with. The scenario schema refuses any other combination, in one line
-    naming the key (emulator/scenario.py's _capabilities)."""
+    naming the key (emulator/rules.py's strategy_fits)."""
     topologies: tuple[str, ...] = ("star", "hierarchical")
     privacy: tuple[str, ...] = ("none", "laplace", "gaussian", "dpsgd")  # algorithm.privacy.mechanism
+    privacy_why: str = ""  # said when a mechanism is refused
     delta_codecs: bool = True  # works with codecs that send updates (sparsifiers, error feedback)
+    error_feedback: bool = True  # its uploads may keep error feedback (algorithm.codec.up.error_feedback)
     checkpoints: bool = True  # its state (STATE, and its clients') is data: run.checkpoint_every applies
     communication_only: bool = True  # works with algorithm.train false (clients return the model they got)
 

@@ -15,7 +15,7 @@ from protocol.codecs import CodecError, decode_state, encode_state
 from .. import accounting, fedalign
 from ..actor import Reaction, Send
 from ..data import Dataset
-from .base import RoundControl, SessionPlan, register
+from .base import Capabilities, RoundControl, SessionPlan, register
 from .fedavg import FedAvg
 
 
@@ -24,6 +24,9 @@ class FedAlign(FedAvg):
     options_key = "fedalign"  # its options live under algorithm.fedalign
     message_kinds = ("stats",)
     client_message_kinds = ("moments",)
+    capabilities = Capabilities(
+        privacy=("none",), error_feedback=False,
+        privacy_why="algorithm.privacy is the core paper's local DP; FedAlign has its own: algorithm.fedalign.clip, epsilon")
 
     class Options(FedAvg.Options):
         """FedAlign (docs/algorithms.md part 3). The paper's values were not recovered; these defaults are ours."""
