@@ -27,6 +27,22 @@ def main() -> None:
     dump_stacks_on_sigusr1()
 
 
+def _set_log_level(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from node import logs
+
+    if value is not None:
+        logs.set_level(value)  # in the environment of every process the run starts
+    logs.configure("conductor")
+
+
+def _log_option(command):
+    return click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
+                        expose_value=False, is_eager=True, callback=_set_log_level,
+                        help="What the run's processes log to stderr: warning (default) says what went wrong, info "
+                             "what is built and started and each round, debug every message and delivery "
+                             "[env: EMULATOR_LOG_LEVEL].")(command)
+
+
 def _progress_options(command):
     command = click.option("--plain", is_flag=True, help="One line per round even on a terminal (no live panel).")(command)
     command = click.option("--json-progress", is_flag=True, help="Print one JSON object per line on stdout: each round "
@@ -85,6 +101,7 @@ def _hosts_option(value: str | None) -> int | None:
 @click.option("--ray-gpus-per-host", type=float, default=0.0, show_default=True,
               help="Ray GPU share of one host (0.25: four hosts per GPU).")
 @_progress_options
+@_log_option
 def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, remote_hosts: str | None, listen: str | None,
         keys: Path | None, launcher: str, ray_address: str | None, ray_cpus_per_host: float, ray_gpus_per_host: float,
         quiet: bool, json_progress: bool, plain: bool) -> None:
@@ -115,6 +132,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, remote_hos
 @main.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @_progress_options
+@_log_option
 def resume(run_dir: Path, quiet: bool, json_progress: bool, plain: bool) -> None:
     """Continue the interrupted or crashed run in RUN_DIR from its last checkpoint (scenarios with
     run.checkpoint_every). The rounds after the checkpoint are run again; the CSV files are cut
@@ -253,6 +271,7 @@ def report(run_dir: Path, gantt_round: int | None) -> None:
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the run to answer (a host may start before the run does).")
 @click.option("--slot", default="", help="Ask for this host slot (host0, host1, ...); default: any free one.")
+@_log_option
 def host(connect: str, key: Path, data_root: str | None, threads: int | None, timeout_s: float, slot: str) -> None:
     """Join a run as one of its client hosts, from this machine (by hand, or from a Slurm,
     Kubernetes or Ray job). Exits 0 when the run ends, 2 when the run refuses this host."""

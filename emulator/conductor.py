@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -35,6 +36,7 @@ from .results import RingRounds, RunWriter
 from .scenario import Scenario
 from .world import World, build_world, usable_cores
 
+log = logging.getLogger(__name__)
 POLL_MS = 100
 RSS_EVERY_S = 0.5
 STOP_GRACE_S = 3.0
@@ -201,6 +203,7 @@ class Conductor:
                 proc = ctx.Process(target=target, args=args, name=f"flemu-{name}", daemon=False)
                 proc.start()
             self.children.append(Child(name, role, proc))
+            log.info("[conductor] started %s (pid %s)", name, proc.pid)
 
     def _stop_children(self) -> None:
         alive = [c.proc for c in self.children if c.proc.is_alive()]
@@ -570,6 +573,8 @@ def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: Vi
         sc = sc.model_copy(update={"population": sc.population.model_copy(update={"hosts": hosts})})
         resolved = {**resolved, "population": {**resolved["population"], "hosts": hosts}}
     world = build_world(sc)
+    log.info("[conductor] world built in %.1f s: %d clients on %d hosts, topology %s, %d rounds of %s",
+             time.monotonic() - t0, len(world.clients), world.hosts, sc.topology, sc.rounds, sc.algorithm.name)
     if world.client.codec_time is not None:  # what was measured reruns and resumes from the run's scenario.yaml
         resolved = {**resolved, "algorithm": {**resolved["algorithm"], "codec_time": world.client.codec_time.as_dict()}}
     run_dir = out if out is not None else new_run_dir(Path(sc.output.dir), sc.name)

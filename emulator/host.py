@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from node import logs
 from protocol import curve, envelope
 
 EXIT_REFUSED = 2  # the run would not have this host (key, slots, a different world)
@@ -81,6 +82,7 @@ def run_host(connect: str, key_path: Path, data_root: str | None, threads: int |
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     peer, index = welcome["peer"], welcome["index"]
+    logs.configure(peer)
     endpoint = network_endpoint(connect, welcome["network_port"])
     print(f"[{peer}] joined the run at {connect}; building the world", file=sys.stderr, flush=True)
     resolved = welcome["scenario"]

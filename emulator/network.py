@@ -11,6 +11,7 @@ This module checks what peers send (emulator/peers.py's guard) and dispatches it
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any, Callable
 
@@ -25,6 +26,8 @@ from .netconfig import CONDUCTOR, NETWORK, SERVER, NetworkConfig, network_messag
 from .peers import PeerGuard
 from .timeline import DeviceTimeline
 from .transfers import Transfer, Transfers, truncated
+
+log = logging.getLogger(__name__)
 
 ALIVE_ACK = envelope.pack("alive_ack")
 
@@ -276,6 +279,8 @@ class Network:
                 shared = next(self.payload_ids)
                 self.peer_payload[peer] = (frames, shared)
         header = envelope.pack("deliver", hold=hold, device=self.timeline.status(dst), shared=shared, **env)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("t=%.6f deliver %s -> %s %s (round %s) to %s", self.now, env["src"], dst, env["kind"], env["round"], peer)
         try:
             sock.send_multipart([peer.encode(), header, *frames], copy=False)
         except zmq.ZMQError:

@@ -4,6 +4,7 @@ summary entries, incidents and checkpoints (through the run writer, emulator/res
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import shutil
 import time
@@ -12,6 +13,8 @@ from typing import Any, Callable
 
 from .netconfig import SERVER
 from .results import RunWriter
+
+log = logging.getLogger(__name__)
 
 
 class Reports:
@@ -43,6 +46,8 @@ class Reports:
         if run.startup_s is None:  # only if the clock_started report was missed
             run.startup_s = wall
         row = writer.round(body, wall)
+        log.info("[conductor] round %s: %s of %s selected answered, t=%.3f s emulated (%.1f s wall)", row.get("round"),
+                 row.get("completed"), row.get("selected"), float(row.get("t_end") or 0.0), wall)
         if body.get("lag"):
             clock = writer.summary["clock"]
             clock["lag"] = body["lag"]

@@ -4,6 +4,7 @@ strategy takes a server step whenever it is ready. A results "round" is one serv
 client row is one dispatch, reported in the step during which it concluded."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,8 @@ from .actor import Message, Reaction, Send
 from .server import CLIENT_FIELDS, ServerActor
 from .strategies import ClientUpdate
 from .selection import SelectionContext
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -114,7 +117,7 @@ class AsyncServer(ServerActor):
         except CodecError as exc:
             self._conclude(msg.src, d, {**row, "outcome": "rejected"})
             self.rejected_in_step += 1
-            print(f"[server] rejected update from {msg.src}: {exc}", flush=True)
+            log.warning("[server] rejected update from %s: %s", msg.src, exc)
         else:
             if self.strategy.accepts(staleness):
                 state = {k: self.global_state[k] + delta[k] for k in delta}

@@ -4,9 +4,9 @@ bit-length. The order is Algorithm 1 of docs/algorithms.md 1.1: dequantize, trai
 add noise to the weights, quantize, upload."""
 from __future__ import annotations
 
+import logging
 import dataclasses
 import functools
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,8 @@ from .strategies import Strategy
 from .strategies.base import ClientStep, SessionPlan
 from .strategies.fedavg import FedAvg
 from .training import LocalTraining, TrainingResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -157,7 +159,7 @@ class ClientActor(Checkpointable):
 
     def reject(self, msg: Message, error: str) -> Reaction:
         self.rejected += 1
-        print(f"[{self.name}] rejected task of round {msg.round}: {error}", file=sys.stderr)
+        log.warning("[%s] rejected task of round %s: %s", self.name, msg.round, error)
         return Reaction(reports=[{"type": "rejected", "actor": self.name, "round": msg.round, "error": error}])
 
     def upload_channel(self) -> Channel:

@@ -7,6 +7,8 @@ import faulthandler
 import os
 import signal
 
+from . import logs
+
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -16,8 +18,8 @@ HEAP_KEEP = 128 * 2**20  # free memory at the top of the heap kept up to this si
 
 def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
     """Die with the parent, name the process (for ps and top), let the conductor alone decide
-    about Ctrl-C, and dump the threads' stacks on SIGUSR1 (as the CLI does) rather than die of it:
-    the network process is a fresh interpreter, which inherits no handler."""
+    about Ctrl-C, dump the threads' stacks on SIGUSR1 (as the CLI does) rather than die of it (the
+    network process is a fresh interpreter, which inherits no handler), and log as itself."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -29,6 +31,7 @@ def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     dump_stacks_on_sigusr1()
+    logs.configure(name)  # its own prefix, at the run's level (node/logs.py)
 
 
 def dump_stacks_on_sigusr1() -> None:

@@ -2,6 +2,7 @@
 world from the conductor and run a Runtime until told to stop."""
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Callable
 
@@ -17,6 +18,8 @@ from .flower.client import FlowerClientConfig, make_client_actors  # no flwr unt
 from .ring import Evaluator, RingClientActor, RingConfig, WarmupAggregator
 from .runtime import Runtime
 from .server import ServerActor, ServerConfig
+
+log = logging.getLogger(__name__)
 
 
 def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: TaskSpec,
@@ -34,7 +37,7 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
     try:
         placement, device_info = open_device(task.plan, host_index)
     except DeviceError as exc:
-        print(f"[{peer}] {exc}", file=sys.stderr)
+        log.error("[%s] %s", peer, exc)
         Runtime.tell_fatal(peer, endpoint, str(exc), secure=secure)
         sys.exit(EXIT_DEVICE)
     task = task.on(placement.device)

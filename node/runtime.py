@@ -6,6 +6,7 @@ of that work is sent stamped with its ready time, then the hold is released. Wor
 worker thread, earliest ready time first, so the socket keeps answering deliveries meanwhile."""
 from __future__ import annotations
 
+import logging
 import heapq
 import itertools
 import os
@@ -22,6 +23,8 @@ import zmq
 
 from protocol import envelope
 from .actor import Actor, Message, Reaction
+
+log = logging.getLogger(__name__)
 
 POLL_MS = 500
 HEARTBEAT_S = 1.0  # the network declares a peer lost after run.peer_timeout_s without a message
@@ -196,6 +199,9 @@ class Runtime:
     # ---- protocol ------------------------------------------------------------------------
     def _emit(self, sock: zmq.Socket, actor: str, reaction: Reaction, t: float) -> None:
         for send in reaction.sends:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("t=%.6f %s -> %s %s (round %s, %d payload bytes)", t, actor, send.dst, send.kind, send.round,
+                          send.payload_bytes)
             env = envelope.pack("send", src=actor, dst=send.dst, kind=send.kind, round=send.round, t=t,
                                 n=next(self.counters[actor]), body=send.body,
                                 payload=send.payload_bytes, fp32=send.fp32_bytes)
@@ -233,6 +239,8 @@ class Runtime:
             sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
             return
         msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames, env["device"])
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("t=%.6f %s <- %s %s (round %s, %d frames)", msg.t, msg.dst, msg.src, msg.kind, msg.round, len(frames))
         try:
             reaction = actor.react(msg)
         except Exception:
@@ -301,8 +309,7 @@ class Runtime:
                 if sock in events:
                     last_heard = time.monotonic()
                 elif self.silence_s is not None and time.monotonic() - last_heard > self.silence_s:
-                    print(f"[{self.peer}] the network has not answered for {self.silence_s:.0f} s: leaving the run",
-                          file=sys.stderr)
+                    log.warning("[%s] the network has not answered for %.0f s: leaving the run", self.peer, self.silence_s)
                     return
                 self._heartbeat(sock)
                 if wake_sock in events:
@@ -348,9 +355,9 @@ class Runtime:
         for th in threads:
             th.join(max(0.0, deadline - time.monotonic()))
         if any(th.is_alive() for th in threads):
-            print(f"[{self.peer}] a job still running {STOP_JOIN_S:.0f} s after the run stopped: leaving without it",
-                  file=sys.stderr, flush=True)
+            log.warning("[%s] a job still running %.0f s after the run stopped: leaving without it", self.peer, STOP_JOIN_S)
             sys.stdout.flush()
+            sys.stderr.flush()
             os._exit(0)
 
     @staticmethod
@@ -424,7 +431,7 @@ class Runtime:
         now = time.monotonic()
         if now - self._last_refusal_log >= LOG_EVERY_S:
             more = f" ({self._refused_unlogged} more since the last line)" if self._refused_unlogged else ""
-            print(f"[{self.peer}] refused a message: {reason}{more}", file=sys.stderr)
+            log.warning("[%s] refused a message: %s%s", self.peer, reason, more)
             self._last_refusal_log, self._refused_unlogged = now, 0
         else:
             self._refused_unlogged += 1

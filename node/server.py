@@ -1,7 +1,7 @@
 """The FedAvg server actor: select, broadcast, collect, aggregate, evaluate, repeat."""
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,8 @@ from .strategies.fedavg import FedAvg
 from .channel import Channel, decode_with_extras
 from .selection import SelectionContext, Selector, Uniform
 from .training import accuracy_on, evaluate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -162,6 +164,7 @@ class ServerActor(Checkpointable):
         asked = min(len(pool), int(np.ceil(self.cfg.clients_per_round * self.cfg.over_selection)))
         selected = self.selector.select(pool, asked, SelectionContext(index, rng, self.cfg.epochs, self.model_bytes))
         statuses = {name: pool[name] for name in selected}
+        log.info("[server] round %d at t=%.3f s: selected %d of %d eligible", index, t, len(selected), len(pool))
         if self.cfg.checkin:
             for name in selected:  # a client must check in (or report back) again to be chosen again
                 self.pool.pop(name, None)
@@ -236,7 +239,7 @@ class ServerActor(Checkpointable):
             if basis != "delta":
                 raise CodecError("a late update must be a delta (the model has moved on)")
         except CodecError as exc:
-            print(f"[server] rejected late update from {msg.src}: {exc}", file=sys.stderr)
+            log.warning("[server] rejected late update from %s: %s", msg.src, exc)
             self.late += 1
             return Reaction()
         late = (msg.src, msg.round, delta, float(msg.body.get("samples", 1)),
@@ -269,7 +272,7 @@ class ServerActor(Checkpointable):
         rnd.waiting.discard(client)
         rnd.failed.append(client)
         rnd.clients[client] = {**record, "outcome": "rejected"}
-        print(f"[server] rejected {what} from {client}: {error}", file=sys.stderr)
+        log.warning("[server] rejected %s from %s: %s", what, client, error)
 
     def _on_down(self, msg: Message) -> Reaction:
         lost = set(msg.body.get("actors", []))
