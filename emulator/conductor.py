@@ -245,18 +245,9 @@ class Conductor:
         writer = RunWriter(self.run_dir, self.resolved, population_rows(world), saved["writer"] if saved else None,
                            **topo.writer_options())
         if saved:
-            writer.summary.setdefault("resumed", []).append({"from_round": len(writer.rows),
-                                                             "emulated_time_s": writer.summary["checkpoint"]["emulated_time_s"]})
-        p = world.client.privacy
-        writer.summary["privacy"] = {"mechanism": p.mechanism, "epsilon": None if p.epsilon == float("inf") else p.epsilon,
-                                     "delta": p.delta, "clip": p.clip, "noise_factor_c_T": p.factor}
-        writer.summary["topology"] = self.sc.topology
-        if world.client.codec_time is not None:
-            writer.summary["codec_time"] = world.client.codec_time.as_dict()
-        writer.summary.update(topo.summary())
-        clock = self.sc.clock
-        writer.summary["clock"] = {"mode": clock.mode, **({"speedup": clock.speedup, "lag_bound_s": clock.lag_bound_s}
-                                                           if clock.mode == "realtime" else {})}
+            writer.summary.resumed_from(len(writer.rows))
+        codec_time = world.client.codec_time.as_dict() if world.client.codec_time is not None else None
+        writer.summary.describe_run(self.sc, world.client.privacy, codec_time, topo.summary())
         return writer
 
     def run(self, world: World, resume: Path | None = None) -> dict:
@@ -294,7 +285,7 @@ class Conductor:
             if isinstance(exc, StopSignal):
                 name = signal.Signals(exc.signum).name
                 status, reason = "terminated", f"stopped by {name}"
-                writer.summary["signal"] = int(exc.signum)
+                writer.summary.stopped_by(exc.signum)
             else:
                 status, reason = "interrupted", "stopped by the user (SIGINT)"
         finally:
@@ -327,7 +318,7 @@ class Conductor:
     def _final_summary(self, world: World, writer: RunWriter, status: str, reason: str | None) -> dict:
         if status == "completed":  # nothing left to resume: the checkpoint's pickles would only take space
             shutil.rmtree(self.run_dir / "checkpoint", ignore_errors=True)
-            writer.summary.get("checkpoint", {}).pop("dir", None)
+            writer.summary.checkpoint_removed()
         summary = writer.write_summary(
             status, reason=reason, wall_time_s=time.monotonic() - self.t0, startup_s=self.startup_s,
             peak_rss_mib=self.peak_rss / 2**20, peak_pss_mib=self.peak_pss / 2**20,
@@ -359,16 +350,14 @@ class Conductor:
                            f"--key {host_key_file or 'HOST_KEY_FILE'}")
         for proc in procs:
             self.children.append(Child(proc.name, "host", proc))
-        writer.summary["placement"] = {"launcher": self.placement.launcher, "hosts": len(names), "lobby": self.lobby.endpoint,
-                                       "joined": {}}
+        writer.summary.placement(self.placement.launcher, len(names), self.lobby.endpoint)
 
     def _serve_lobby(self, writer: RunWriter, notes: list[str] | None = None) -> None:
         for line in notes if notes is not None else self.lobby.receive():
             self.view.note(line)
-        joined = writer.summary["placement"]["joined"]
         for child in self.children:
-            if isinstance(child.proc, RemoteHost) and child.proc.joined_from and child.name not in joined:
-                joined[child.name] = child.proc.joined_from
+            if isinstance(child.proc, RemoteHost) and child.proc.joined_from:
+                writer.summary.host_joined(child.name, child.proc.joined_from)
         self._note_refusals(self.lobby.refusals(), "conductor", writer)
 
     def _note_refusals(self, refusals: list[dict], by: str, writer: RunWriter) -> None:

@@ -49,9 +49,7 @@ class Reports:
         log.info("[conductor] round %s: %s of %s selected answered, t=%.3f s emulated (%.1f s wall)", row.get("round"),
                  row.get("completed"), row.get("selected"), float(row.get("t_end") or 0.0), wall)
         if body.get("lag"):
-            clock = writer.summary["clock"]
-            clock["lag"] = body["lag"]
-            clock["faithful"] = body["lag"]["max_s"] <= run.sc.clock.lag_bound_s
+            writer.summary.lag(body["lag"], run.sc.clock.lag_bound_s)
         writer.write_summary("running", wall_time_s=wall)
         run.view.round(row, body.get("lag"))
 
@@ -65,7 +63,7 @@ class Reports:
 
     def _finished(self, body: dict[str, Any], writer: RunWriter) -> bool:
         if body.get("channels"):  # what the server's channels sent, by their own count
-            writer.summary["channels"] = body["channels"]
+            writer.summary.channels(body["channels"])
         return True
 
     def final_status(self, finished: dict[str, Any]) -> tuple[str, str | None]:
@@ -85,30 +83,23 @@ class Reports:
     # ---- the processes ---------------------------------------------------------------------------
     def _device(self, body: dict[str, Any], writer: RunWriter) -> None:
         info = {k: v for k, v in body.items() if k not in ("type", "peer", "t_net")}
-        devices = writer.summary.setdefault("training_devices", {})
-        if info.get("device") != "cpu" and not any(d.get("device") == info.get("device") for d in devices.values()):
+        if writer.summary.training_device(body.get("peer"), info):
             # the CPU is what a run without a GPU uses anyway: only a GPU is news on the console
             self.run.view.note(f"{body.get('peer')} trains on {info.get('device')} ({info.get('name')})")
-        devices[body.get("peer")] = info
 
     def _cohort(self, body: dict[str, Any], writer: RunWriter) -> None:
-        cohorts = writer.summary.setdefault("cohorts", {}).setdefault(body.get("peer"), {"groups": 0, "clients": 0, "largest": 0})
-        size = int(body.get("size", 0))
-        cohorts.update(groups=cohorts["groups"] + 1, clients=cohorts["clients"] + size, largest=max(cohorts["largest"], size))
+        writer.summary.cohort(body.get("peer"), int(body.get("size", 0)))
 
     def _clock_started(self, body: dict[str, Any], writer: RunWriter) -> None:
         self.run.startup_s = time.monotonic() - self.run.t0
 
     def _network_stats(self, body: dict[str, Any], writer: RunWriter) -> None:
-        clock_s = body.get("clock_s") or 0.0
-        writer.summary["network"] = {"events": body.get("events"), "cpu_s": body.get("cpu_s"), "clock_s": clock_s,
-                                     "events_per_s": body["events"] / clock_s if clock_s > 0 else None,
-                                     "waited_s": body.get("waited_s") or {}}
+        writer.summary.network_stats(body)
 
     def _listening(self, body: dict[str, Any], writer: RunWriter) -> None:
         run = self.run
         if run.lobby is not None:
-            writer.summary["placement"]["network"] = body.get("endpoint")
+            writer.summary.network_listening(body.get("endpoint"))
             run._serve_lobby(writer, run.lobby.network_listening(str(body.get("endpoint"))))
 
     # ---- incidents -------------------------------------------------------------------------------
@@ -131,13 +122,11 @@ class Reports:
         self.run.view.note(f"network refused a claim: {body.get('reason')}")
 
     def _refused_messages(self, body: dict[str, Any], writer: RunWriter) -> None:
-        writer.summary["refused_messages"] = {k: body.get(k) for k in ("total", "by_peer", "banned")}
+        writer.summary.refused_messages(body)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def _checkpoint_skipped(self, body: dict[str, Any], writer: RunWriter) -> None:
-        info = writer.summary.setdefault("checkpoint", {})
-        info["skipped"] = info.get("skipped", 0) + 1
-        info["last_skip"] = {"after_round": body["round"] + 1, "why": body["why"]}
+        writer.summary.checkpoint_skipped(body["round"] + 1, body["why"])
 
     def _commit_checkpoint(self, body: dict[str, Any], writer: RunWriter) -> None:
         """The network and every peer have written their parts to the staging directory, and every
@@ -151,8 +140,7 @@ class Reports:
             writer.incident("checkpoint not written: the round rows do not match it", rows=rounds, round=body["round"])
             shutil.rmtree(staging, ignore_errors=True)
             return
-        info = writer.summary.setdefault("checkpoint", {})
-        info.update(rounds=rounds, emulated_time_s=body["t"], dir=str(final))
+        writer.summary.checkpoint_taken(rounds, body["t"], str(final))
         state = {"writer": writer.checkpoint_state(), "last_shortfall": self.last_shortfall}
         with open(staging / "conductor.pkl", "wb") as f:
             pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from node.accounting import Release, ledger_summary
+from .summary import Summary
 
-GIB = 2**30
 SERVER = "server"
 
 TRANSFER_FIELDS = ["id", "round", "kind", "src", "dst", "payload_bytes", "fp32_bytes", "wire_bytes", "link_bytes",
@@ -86,7 +86,7 @@ class RunWriter:
         self.unassigned: list[dict] = []  # transfer records not yet counted in a round
         self.rows: list[dict] = []
         self.incidents: list[dict] = []
-        self.summary: dict[str, Any] = {"scenario": scenario.get("name"), "status": "running"}
+        self.summary = Summary.start(scenario.get("name"))
         self.target = (scenario.get("eval") or {}).get("target_accuracy")
         self.releases: dict[str, list[Release]] = defaultdict(list)  # every noised message each client sent
         self._composed: dict[str, tuple[int, dict]] = {}  # ledger_summary's totals per client, kept between summaries
@@ -96,6 +96,7 @@ class RunWriter:
         if resume is not None:
             for name in WRITER_STATE:
                 setattr(self, name, resume[name])
+            self.summary = Summary(self.summary)
 
     def checkpoint_state(self) -> dict:
         """Everything needed to go on writing this run as if it had never stopped."""
@@ -299,48 +300,11 @@ class RunWriter:
         self.incidents.append({"what": what, **details})
 
     def write_summary(self, status: str, **extra: Any) -> dict:
-        rows = self.rows
-        total = lambda key: sum(r[key] for r in rows)  # noqa: E731
-        evaluated = [r for r in rows if r.get("accuracy") is not None]
-        best = max(evaluated, key=lambda r: r["accuracy"], default=None)
-        reached = next((r for r in evaluated if self.target and r["accuracy"] >= self.target), None)
-        fp32 = total("fp32_bytes_up") + total("fp32_bytes_down") + total("fp32_bytes_peer") + total("fp32_bytes_cloud")
-        payload = total("payload_bytes_up") + total("payload_bytes_down") + total("payload_bytes_peer") + total("payload_bytes_cloud")
-        self.summary.update({
-            "status": status,
-            "rounds_completed": len(rows),
-            "emulated_time_s": rows[-1]["t_end"] if rows else 0.0,
-            "best_accuracy": best["accuracy"] if best else None,
-            "best_accuracy_round": best["round"] if best else None,
-            "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
-            "target_accuracy": self.target,
-            "time_to_target_s": reached["t_end"] if reached else None,
-            "payload_gib_up": total("payload_bytes_up") / GIB,
-            "payload_gib_down": total("payload_bytes_down") / GIB,
-            "payload_gib_peer": total("payload_bytes_peer") / GIB,
-            "payload_bytes_peer": total("payload_bytes_peer"),
-            "payload_bytes_cloud": total("payload_bytes_cloud"),
-            "wire_bytes_cloud": total("wire_bytes_cloud"),
-            "wire_bytes_peer": total("wire_bytes_peer"),
-            "wire_gib_up": total("wire_bytes_up") / GIB,
-            "wire_gib_down": total("wire_bytes_down") / GIB,
-            "payload_bytes_up": total("payload_bytes_up"),
-            "payload_bytes_down": total("payload_bytes_down"),
-            "wire_bytes_up": total("wire_bytes_up"),
-            "wire_bytes_down": total("wire_bytes_down"),
-            "wasted_bytes": total("wasted_bytes"),
-            "saving_vs_fp32": (1 - payload / fp32) if fp32 else None,
-            "mean_bits_down": _mean(r.get("bits_down") for r in rows),
-            "mean_bits_up": _mean(r.get("bits_up_mean") for r in rows),
-            "mean_noise_scale": _mean(r.get("noise_scale_mean") for r in rows),
-            "privacy_spent": ledger_summary(self.releases, self.accounting_delta, self._composed)
-                              if self.releases else None,
-            "client_outcomes": dict(self.outcomes),
-            "client_updates_ok": total("completed"),
-            "client_updates_failed": total("failed"),
-            "incidents": self.incidents,
-            **extra,
-        })
+        """summary.json as it stands: what it was told, with the totals of the rows so far."""
+        self.summary.conclude(
+            status, self.rows, self.target, outcomes=self.outcomes, incidents=self.incidents,
+            privacy_spent=lambda: ledger_summary(self.releases, self.accounting_delta, self._composed) if self.releases else None,
+            **extra)
         write_json_atomic(self.dir / "summary.json", self.summary)
         return self.summary
 
