@@ -2,13 +2,13 @@
 
 This is the only node code that touches sockets. It speaks the clock protocol: every delivery
 is answered by `done` (with `busy_until` when the actor started modelled work), and the outcome
-of that work is sent stamped with its ready time, then the hold is released. Work runs on one
-worker thread, earliest ready time first, so the socket keeps answering deliveries meanwhile."""
+of that work is sent stamped with its ready time, then the hold is released. Work runs in the
+host's work executor (node/executor.py) on a thread of its own, so the socket keeps answering
+deliveries meanwhile."""
 from __future__ import annotations
 
-import logging
-import heapq
 import itertools
+import logging
 import os
 import pickle
 import queue
@@ -16,13 +16,13 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
 
 from protocol import envelope
 from .actor import Actor, Message, Reaction
+from .executor import WorkExecutor
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +30,7 @@ POLL_MS = 500
 HEARTBEAT_S = 1.0  # the network declares a peer lost after run.peer_timeout_s without a message
 LOG_EVERY_S = 5.0
 RESUME = "resume:"  # timer tag of a continuation waiting for its emulated time
-COHORT_QUIET_S = 0.002  # a cohort stops waiting for more work once deliveries pause this long (wall time only)
-COHORT_LINGER_S = 0.02  # and waits at most this long
 STOP_JOIN_S = 120.0  # how long a stopping peer waits for the job in progress to end
-
-
-@dataclass(order=True)
-class _Job:
-    ready_at: float
-    seq: int
-    actor: str = field(compare=False)
-    hold: int = field(compare=False)
-    work: Callable[[], Reaction | Callable[[], Reaction]] = field(compare=False)
-    cohort: bool = field(compare=False, default=False)
 
 
 def _own_copy(frames: list[Any]) -> list[bytearray]:
@@ -71,8 +59,8 @@ class Runtime:
         self.silence_s = silence_s
         # Cohorts: up to group_size queued jobs marked cohort run together through run_group
         # (which runs each work and returns their outcomes in order), in one wall-clock stretch.
-        self.run_group = run_group
-        self.group_size = group_size if run_group is not None else 1
+        self._reports: queue.SimpleQueue = queue.SimpleQueue()
+        self.work = WorkExecutor(run_group, group_size, lambda size: self._reports.put({"type": "cohort", "size": size}))
         self.announce = announce  # a report sent right after hello (what this process runs on)
         self.endpoint = endpoint
         self.actors = {a.name: a for a in actors}
@@ -81,17 +69,9 @@ class Runtime:
         if restore is not None:
             self._restore(restore)
         self._wake_closers: list[Callable[[], None]] = []
-        self._jobs: list[_Job] = []
-        self._jobs_cv = threading.Condition()
-        self._job_seq = itertools.count()
-        self._finished: queue.SimpleQueue = queue.SimpleQueue()
-        self._reports: queue.SimpleQueue = queue.SimpleQueue()
         self._report_out: queue.SimpleQueue = queue.SimpleQueue()
-        self._stopping = False
         self._resumes: dict[int, tuple[str, Callable[[], Reaction]]] = {}
         self._resume_ids = itertools.count()
-        self._job_started: float | None = None  # wall time the worker's current job began
-        self._last_delivery = 0.0  # wall time of the latest delivery (cohorts gather while they come)
         self._shared: tuple[int, list[Any]] = (0, [])  # the shared payload kept (see _shared_payload)
         self.refused = 0
         self._refused_unlogged = 0
@@ -123,62 +103,6 @@ class Runtime:
 
         self._wake_closers.append(close)
         return wake
-
-    def _worker(self, wake: Callable[[], None]) -> None:
-        while True:
-            with self._jobs_cv:
-                while not self._jobs and not self._stopping:
-                    self._jobs_cv.wait()
-                if self._stopping:
-                    return
-                group = [heapq.heappop(self._jobs)]
-                if group[0].cohort and self.group_size > 1:
-                    self._gather_cohort(group)
-                self._job_started = time.monotonic()
-            if len(group) == 1:
-                outcomes = [self._guarded(group[0])()]
-            else:
-                self._reports.put({"type": "cohort", "size": len(group)})
-                outcomes = self.run_group([self._guarded(job) for job in group])
-            for job, outcome in zip(group, outcomes):
-                self._finished.put((job, outcome))
-            self._job_started = None
-            wake()
-
-    def _gather_cohort(self, group: list[_Job]) -> None:
-        """Fill the group with queued cohort jobs, waiting for more while deliveries keep coming
-        (the tasks of a round reach a host one delivery after another, a fraction of a millisecond
-        apart in wall time): until the socket has been quiet for COHORT_QUIET_S, at most
-        COHORT_LINGER_S. Called with the job lock held."""
-        deadline = time.monotonic() + COHORT_LINGER_S
-        while True:
-            group += self._take_cohort(self.group_size - len(group))
-            now = time.monotonic()
-            quiet_until = self._last_delivery + COHORT_QUIET_S
-            if len(group) >= self.group_size or now >= min(deadline, quiet_until) or self._stopping:
-                return
-            self._jobs_cv.wait(min(deadline, quiet_until) - now)
-
-    def _take_cohort(self, most: int) -> list[_Job]:
-        """Up to `most` more queued cohort jobs, earliest first, taken out of the queue. Their
-        outcomes keep their own ready times: running them early changes wall time only."""
-        chosen = heapq.nsmallest(most, (job for job in self._jobs if job.cohort))
-        if chosen:
-            taken = {id(job) for job in chosen}
-            self._jobs = [job for job in self._jobs if id(job) not in taken]
-            heapq.heapify(self._jobs)
-        return chosen
-
-    @staticmethod
-    def _guarded(job: _Job) -> Callable[[], Any]:
-        """The job's work, with an exception turned into an error report of its actor."""
-        def run():
-            try:
-                return job.work()
-            except Exception:
-                traceback.print_exc()
-                return Reaction(reports=[{"type": "error", "actor": job.actor, "error": traceback.format_exc(limit=3)}])
-        return run
 
     def _reporter(self, wake: Callable[[], None]) -> None:
         while True:
@@ -221,12 +145,10 @@ class Runtime:
             return
         ready_at = t + max(0.0, reaction.work_s)
         sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=ready_at, busy_s=reaction.busy_s))
-        with self._jobs_cv:
-            heapq.heappush(self._jobs, _Job(ready_at, next(self._job_seq), actor, hold, reaction.work, reaction.cohort))
-            self._jobs_cv.notify()
+        self.work.submit(ready_at, actor, hold, reaction.work, reaction.cohort)
 
     def _deliver(self, sock: zmq.Socket, env: dict[str, Any], frames: list[Any]) -> None:
-        self._last_delivery = time.monotonic()
+        self.work.delivered()
         frames = self._shared_payload(env, frames)  # first: a shared payload is kept whoever it is for
         tag = env["body"].get("tag", "") if env["kind"] == "tick" else ""
         if tag.startswith(RESUME):
@@ -289,7 +211,7 @@ class Runtime:
         wake_sock = ctx.socket(zmq.PULL)
         wake_sock.bind(wake_address)
         threads = [
-            threading.Thread(target=self._worker, args=(self._signal(ctx, wake_address),), daemon=True),
+            threading.Thread(target=self.work.work_loop, args=(self._signal(ctx, wake_address),), daemon=True),
             threading.Thread(target=self._reporter, args=(self._signal(ctx, wake_address),), daemon=True),
         ]
         for th in threads:
@@ -336,9 +258,7 @@ class Runtime:
                         else:
                             self._refuse(f"op {env['op']!r} is not one the network sends")
         finally:
-            with self._jobs_cv:
-                self._stopping = True
-                self._jobs_cv.notify_all()
+            self.work.stop()
             self._reports.put(None)
             for close in self._wake_closers:
                 close()
@@ -382,8 +302,7 @@ class Runtime:
         """From this I/O thread, so a peer that trains for minutes still answers."""
         now = time.monotonic()
         if now - self._last_beat >= HEARTBEAT_S:
-            started = self._job_started
-            sock.send(envelope.pack("alive", busy_s=0.0 if started is None else max(0.0, now - started)))
+            sock.send(envelope.pack("alive", busy_s=self.work.busy_for(now)))
             self._last_beat = now
 
     # ---- checkpoints ---------------------------------------------------------------------
@@ -391,9 +310,7 @@ class Runtime:
         """Write this process's state for a checkpoint, after handing on every report queued so
         far (so the conductor has them before the checkpoint). Only possible while no work is under
         way: a job or a continuation is code, not data."""
-        with self._jobs_cv:
-            busy = bool(self._jobs) or self._job_started is not None or bool(self._resumes) or not self._finished.empty()
-        if busy:
+        if self.work.busy() or self._resumes:
             sock.send(envelope.pack("snapshot_done", ok=False, why=f"{self.peer} has work under way"))
             return
         flushed = threading.Event()
@@ -437,11 +354,7 @@ class Runtime:
             self._refused_unlogged += 1
 
     def _drain(self, sock: zmq.Socket) -> None:
-        while True:
-            try:
-                job, outcome = self._finished.get_nowait()
-            except queue.Empty:
-                break
+        for job, outcome in self.work.finished():
             if callable(outcome):
                 # A continuation touches actor state, so it must run at its emulated time, after every
                 # delivery before it: ask for a timer at ready_at and run it when that timer fires.
