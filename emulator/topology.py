@@ -34,6 +34,8 @@ SavedFiles = Callable[[list[str]], "list[str] | None"]  # actors -> the checkpoi
 class Topology:
     name: ClassVar[str] = ""
     peer_traffic: ClassVar[bool] = False  # rounds move bytes between clients (what the progress line shows)
+    evaluates_on_clients: ClassVar[bool] = False  # each client scores the model on its own test split
+    runs_strategy: ClassVar[bool] = True  # a server strategy of ours runs (not the ring's own algorithm)
 
     def __init__(self, world: World):
         self.world = world
@@ -42,6 +44,12 @@ class Topology:
     def fits(cls, sc) -> Fits:
         """What a scenario on this topology may use (emulator/rules.py)."""
         raise NotImplementedError
+
+    @classmethod
+    def world_parts(cls, sc, clients: list, task, server, group_of: dict) -> dict[str, Any]:
+        """What the world holds for this topology beyond clients and links (World fields; "server"
+        replaces the server's configuration)."""
+        return {}
 
     @property
     def client_names(self) -> list[str]:
@@ -104,6 +112,14 @@ class Ring(Topology):
     server is FibFL++'s warm-up aggregator, where it is an actor of its own (with the server's link)."""
     name = "ring"
     peer_traffic = True
+    evaluates_on_clients = True
+    runs_strategy = False
+
+    @classmethod
+    def world_parts(cls, sc, clients, task, server, group_of):
+        from .world import ring_config  # noqa: PLC0415  (the world builder imports this module)
+
+        return {"ring": ring_config(sc, clients, task)}
 
     @classmethod
     def fits(cls, sc) -> Fits:
@@ -156,6 +172,13 @@ class Ring(Topology):
 class Hierarchical(Topology):
     """A cloud server whose clients are edge aggregators, each with its own link and clients."""
     name = "hierarchical"
+
+    @classmethod
+    def world_parts(cls, sc, clients, task, server, group_of):
+        from .world import cloud_config, hierarchy_edges  # noqa: PLC0415  (the world builder imports this module)
+
+        edges = hierarchy_edges(sc, clients, server, group_of)
+        return {"edges": edges, "server": cloud_config(sc, server, edges)}
 
     @classmethod
     def fits(cls, sc) -> Fits:

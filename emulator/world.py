@@ -27,6 +27,7 @@ from . import devices as dev_model
 from .flows.links import INF, Framing
 from .netconfig import Fault, Link
 from .scenario import FLOWER, Scenario, ScenarioError
+from .topology import TOPOLOGIES
 from .flows.transport import TcpParams
 
 
@@ -140,12 +141,9 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     faults = _faults(sc, clients)
     groups, group_queue_s, group_of = _shared_links(sc, clients)
     server, client = _actor_configs(sc, task, clients, test_shards)
-    ring = _ring_config(sc, clients, task) if sc.topology == "ring" else None
     flower = _flower(sc, server) if sc.algorithm.name == FLOWER else None
-    edges: list[EdgeInfo] = []
-    if sc.topology == "hierarchical":
-        edges = _edges(sc, clients, server, group_of)
-        server = _cloud_config(sc, server, edges)
+    parts = TOPOLOGIES[sc.topology].world_parts(sc, clients, task, server, group_of)  # the ring's order, the edges
+    server = parts.pop("server", server)
     sl = sc.server.link
     task = dataclasses.replace(task, plan=DevicePlan(sc.task.device, hosts, sc.task.gpu_memory_fraction))
     return World(
@@ -153,9 +151,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0, queue_s=_queue_s(sc, sl.queue_ms)),
         server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
-        faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0, ring=ring,
-        tcp=_tcp_params(sc), group_queue_s=group_queue_s, edges=edges, flow_solver=sc.network.flow_solver,
-        flower=flower,
+        faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0,
+        tcp=_tcp_params(sc), group_queue_s=group_queue_s, flow_solver=sc.network.flow_solver, flower=flower, **parts,
     )
 
 
@@ -174,18 +171,23 @@ def _shards(sc: Scenario, task: TaskSpec, rng: np.random.Generator) -> tuple[Tas
             raise ScenarioError(f"task.partition: {exc}") from None
         task = dataclasses.replace(task, train=split.train, test=split.test)
         shards = split.train_shards
-        if sc.topology == "ring" or sc.eval.split == "clients":
+        if _evaluates_on_clients(sc):
             test_shards = split.test_shards
     else:
         shards = _partition(sc, task.train.y.numpy(), rng, "task.partition")
     # Each client's own test split, by the same rule on the test labels (an independent draw for the
     # random ones, as FIRMA's data.py does), where evaluation is per client.
-    if (sc.topology == "ring" or sc.eval.split == "clients") and test_shards[0] is None:
+    if _evaluates_on_clients(sc) and test_shards[0] is None:
         test_rng = np.random.default_rng([sc.seed, 0x7E57])
         test_shards = _partition(sc, task.test.y.numpy(), test_rng, "task.partition (test split)", test=True)
     if min(s.size for s in shards) == 0:
         raise ScenarioError(f"task.partition: {task.train.y.numel()} samples cannot give each of {n} clients at least one")
     return task, shards, test_shards
+
+
+def _evaluates_on_clients(sc: Scenario) -> bool:
+    """Whether each client scores the model on its own test split (the topology's way, or eval.split)."""
+    return TOPOLOGIES[sc.topology].evaluates_on_clients or sc.eval.split == "clients"
 
 
 def _name_width(n: int) -> int:
@@ -284,7 +286,7 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
     return server, client
 
 
-def _edges(sc: Scenario, clients: list[ClientInfo], server: ServerConfig, group_of: dict[str, list[str]]) -> list[EdgeInfo]:
+def hierarchy_edges(sc: Scenario, clients: list[ClientInfo], server: ServerConfig, group_of: dict[str, list[str]]) -> list[EdgeInfo]:
     """The edge aggregators and their clients. With edges from shared links, the site's shared link
     carries the edge's traffic to the cloud instead of its clients' traffic to the edge (the
     aggregator sits at the site); each client's updates go to its edge."""
@@ -319,7 +321,7 @@ def _edges(sc: Scenario, clients: list[ClientInfo], server: ServerConfig, group_
     return out
 
 
-def _cloud_config(sc: Scenario, server: ServerConfig, edges: list[EdgeInfo]) -> ServerConfig:
+def cloud_config(sc: Scenario, server: ServerConfig, edges: list[EdgeInfo]) -> ServerConfig:
     """The cloud server of a hierarchy: every edge every cloud round, FedAvg weighted by the edges' data."""
     return dataclasses.replace(
         server, clients_per_round=len(edges), selector=Uniform(), over_selection=1.0,
@@ -380,7 +382,7 @@ def _partition(sc: Scenario, labels: np.ndarray, rng: np.random.Generator, key: 
 def _strategy(sc: Scenario) -> Strategy:
     """The star algorithm, built by name from its own options (a ring has no server: FedAvg, unused)."""
     alg = sc.algorithm
-    if sc.topology == "ring" or alg.name == FLOWER:  # no strategy of ours runs
+    if not TOPOLOGIES[sc.topology].runs_strategy or alg.name == FLOWER:  # no strategy of ours runs
         return FedAvg()
     cls = strategy_class(alg.name)
     return cls(getattr(alg, cls.options_key).model_dump() if cls.options_key != "options" else alg.options, seed=sc.seed)
@@ -411,7 +413,7 @@ def _flower(sc: Scenario, server: ServerConfig) -> tuple:
                                spec.samples_metric, spec.samples, spec.log_level, sc.selection.checkin))
 
 
-def _ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> RingConfig:
+def ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> RingConfig:
     """The ring and its order. FibFL++'s 2-opt order is computed here, before training, from the
     clients' class proportions; a deployment would have to share those proportions once, which
     the emulator does not charge (N vectors of C floats)."""
