@@ -128,9 +128,14 @@ class RunWriter:
         before this round's report did.
 
         A ring's rounds overlap in time (a client may start the next round while a slower one
-        still gossips), so there a round takes the transfers labelled with it (or earlier)."""
+        still gossips), so there a round takes the transfers labelled with it (or earlier) that
+        ended by its end: a gossip message still in flight when its round ended (a neighbour had
+        timed out and gone on) belongs to the round in which it arrives. Without the time bound it
+        went to one round or the next by the order in which its record and the clients' reports
+        reached the conductor (the reports travel on a thread of their own), and two runs of the
+        same seed could write different rows."""
         if by_round is not None:
-            mine = lambda r: r["round"] <= by_round  # noqa: E731
+            mine = lambda r: r["round"] <= by_round and r["t_end"] <= t_end  # noqa: E731
         elif through_round is not None:
             mine = lambda r: r["t_end"] <= t_end and r["round"] <= through_round  # noqa: E731
         else:
