@@ -135,6 +135,17 @@ class LinkChange(Event):
 
 
 @dataclass(eq=False)
+class CapacityChange(Event):
+    """A trace-driven link's rate moves to its next bin (only while a flow uses the link)."""
+    kind = "capacity"
+    link: tuple
+    order = DEVICE
+
+    def run(self, net, sock) -> None:
+        net.transfers.capacity_change(self.link)
+
+
+@dataclass(eq=False)
 class TakeCheckpoint(Event):
     kind = "checkpoint"
     round: int

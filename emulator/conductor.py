@@ -174,7 +174,8 @@ class Conductor:
                                 peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world),
                                 checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,
                                 restore=str(restore / "network.pkl") if restore else None,
-                                listen=network_listen(listen) if listen else None, run_keys=run_keys)
+                                listen=network_listen(listen) if listen else None, run_keys=run_keys,
+                                traces=world.traces)
         holders = json.loads((restore / "meta.json").read_text())["actors"] if restore else {}
 
         def saved(actors: list[str]) -> list[str] | None:

@@ -9,6 +9,7 @@ from protocol.curve import RunKeys
 
 from .devices import DeviceSpec
 from .flows.links import INF, Framing
+from .flows.traces import TraceRef
 from .flows.transport import TcpParams
 
 CONDUCTOR = "conductor"
@@ -67,6 +68,7 @@ class NetworkConfig:
     restore: str | None = None  # a checkpoint's network state to continue from
     listen: str | None = None  # a TCP endpoint for hosts on other machines, bound besides `endpoint`, CURVE only
     run_keys: RunKeys | None = None  # with listen: the run's key pair and the host keys it admits
+    traces: dict[tuple[str, str], TraceRef] = field(default_factory=dict)  # ("up"|"down", actor) -> its rate's trace
 
     def link(self, actor: str) -> Link:
         return self.links.get(actor, Link())

@@ -4,6 +4,7 @@ Every error names the file, the key path and what was expected, e.g.
 `s.yaml: population.links[1].share: must be <= 1, got 1.5`."""
 from __future__ import annotations
 
+import glob
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
@@ -70,17 +71,37 @@ class DeviceMix(Strict):
         return v
 
 
+class TraceSpec(Strict):
+    """A link direction's capacity from recorded traces (emulator/flows/traces.py)."""
+    files: Union[str, list[str]] = Field(
+        description="trace files or globs: absolute, relative to the scenario file, or else to the data root "
+                    "(task.data_root or $EMULATOR_DATA); each client of the mix draws one, seeded")
+    format: Literal["auto", "mahimahi", "series"] = Field(
+        "auto", description="mahimahi: mm-link's delivery times in ms; series: 'time_s Mbit/s' lines; auto: by the first line")
+    bin_ms: float = Field(100.0, gt=0, description="the rate is the trace's mean over bins this long")
+    loop: bool = Field(True, description="start again at the end (as mm-link does); false: keep the last bin's rate")
+    offset: Literal["random", "zero"] = Field(
+        "random", description="where in its trace each client starts: random (seeded, so clients do not fade in lockstep) or zero")
+
+
 class LinkMix(Strict):
     name: str = "link"
     share: float = Field(1.0, ge=0, le=1)
     source: Optional[str] = Field(None, description="where the numbers come from (documentation only)")
-    up_mbps: float = Field(gt=0)
-    down_mbps: float = Field(gt=0)
+    up_mbps: Optional[float] = Field(None, gt=0, description="the uplink's rate; or up_trace")
+    down_mbps: Optional[float] = Field(None, gt=0, description="the downlink's rate; or down_trace")
+    up_trace: Optional[TraceSpec] = Field(None, description="the uplink's capacity over time, from traces")
+    down_trace: Optional[TraceSpec] = Field(None, description="the downlink's capacity over time, from traces")
     latency_ms: float = Field(0.0, ge=0, description="one-way latency of the access link")
     jitter_ms: float = Field(0.0, ge=0, description="mean of an exponential extra delay per message")
     loss: float = Field(0.0, ge=0, lt=1, description="random segment loss probability")
     queue_ms: Optional[float] = Field(
         None, ge=0, description="bottleneck buffer of this access link in ms of its rate (tcp transport); null: network.queue_ms")
+    rules = (OneOf("up_mbps", "up_trace"), OneOf("down_mbps", "down_trace"))
+
+    @property
+    def traced(self) -> bool:
+        return self.up_trace is not None or self.down_trace is not None
 
 
 class Availability(Strict):
@@ -684,6 +705,14 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
+    def _traces_need_the_scratch_solver(self):
+        traced = [i for i, lk in enumerate(self.population.links) if lk.traced]
+        if traced and self.network.flow_solver == "incremental":
+            raise ValueError(f"network.flow_solver: incremental does not follow trace-driven links yet "
+                             f"(population.links[{traced[0]}]); use scratch")
+        return self
+
+    @model_validator(mode="after")
     def _hierarchy_edges(self):
         if self.topology != "hierarchical":
             return self
@@ -881,6 +910,12 @@ def _resolve_paths(sc: "Scenario", scenario_path: Path) -> None:
         value = getattr(holder, key)
         if value and not Path(value).is_absolute():
             setattr(holder, key, str(base / value))
+    for mix in sc.population.links:  # link traces that the scenario's folder holds (else: under the data root)
+        for spec in (mix.up_trace, mix.down_trace):
+            if spec is not None:
+                patterns = [spec.files] if isinstance(spec.files, str) else spec.files
+                local = [str(base / p) if not Path(p).is_absolute() and glob.glob(str(base / p)) else p for p in patterns]
+                spec.files = local if isinstance(spec.files, list) else local[0]
     app = sc.algorithm.flower.app  # so is a Flower app directory
     if app and not Path(app).is_absolute() and (base / app).is_dir():
         sc.algorithm.flower.app = str((base / app).resolve())

@@ -11,10 +11,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .clock import FLOW_START, Deliver, EventClock, FlowDue, peek
+from .clock import FLOW_START, CapacityChange, Deliver, EventClock, FlowDue, peek
 from .devices import stable_key
 from .flows.levelflows import IncrementalFlowModel
 from .flows.links import FlowModel
+from .flows.traces import TraceRates
 from .flows.transport import TcpTransport
 from .netconfig import NetworkConfig
 from .timeline import DeviceTimeline
@@ -69,6 +70,11 @@ class Transfers:
         # and the queue does not fill with superseded ones.
         self.flow_heap: list[tuple] = []  # (done_at, src, tid, version, fid)
         self.flow_head: tuple | None = None  # the entry of flow_heap that stands in the queue
+        # Trace-driven links: each one's rate is looked up when a flow starts on it while it has
+        # none, then moves at its trace's bin boundaries while it has flows (an idle link costs no event).
+        self.traces = TraceRates(cfg.traces) if cfg.traces else None
+        self.on_link: dict[tuple, set[int]] = {}  # trace-driven link -> the transfers using it
+        self.change_pending: set[tuple] = set()  # trace-driven links whose next change is on the clock
 
     # ---- start -----------------------------------------------------------------------------------
     def start(self, tr: Transfer) -> None:
@@ -94,8 +100,40 @@ class Transfers:
             tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self.cfg.one_way(tr.src, tr.dst),
                        seg_bits=(framing.mss + framing.segment_overhead) * 8.0, mss=framing.mss, loss=self._loss(tr),
                        rng=self._rng(tr))
+        path = self.cfg.path(tr.src, tr.dst)
+        if self.traces is not None:
+            self._watch_traced_links(tr.tid, path)
         # the rates wait for the other transfers starting at this instant (settle_if_last settles them)
         self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self.cfg.path(tr.src, tr.dst), settle=False, **tcp))
+
+    # ---- trace-driven links --------------------------------------------------------------------
+    def _watch_traced_links(self, tid: int, path: tuple) -> None:
+        """A transfer starts on these links: a traced one that had no flow takes its current rate,
+        and its next change goes on the clock."""
+        now = self.clock.now
+        for link in path:
+            if link not in self.traces:
+                continue
+            if link not in self.change_pending:  # idle past its last change: its rate as of now
+                self.flows.capacity[link] = self.traces.rate(link, now)
+                self._next_capacity_change(link)
+            self.on_link.setdefault(link, set()).add(tid)
+
+    def _next_capacity_change(self, link: tuple) -> None:
+        at = self.traces.next_change(link, self.clock.now)
+        if at < float("inf"):
+            self.clock.push_own(at, link[1], CapacityChange(link), sub=0 if link[0] == "up" else 1)
+            self.change_pending.add(link)
+
+    def capacity_change(self, link: tuple) -> None:
+        """A traced link's next bin: its new rate moves every flow (while it has flows)."""
+        self.change_pending.discard(link)
+        if not self.on_link.get(link):
+            self.on_link.pop(link, None)
+            return  # idle since: the next flow on it looks its rate up
+        self.flows.advance(self.clock.now)
+        self._reschedule(self.flows.set_capacity(link, self.traces.rate(link, self.clock.now)))
+        self._next_capacity_change(link)
 
     def settle_if_last(self) -> None:
         """Compute the rates once the last transfer of this instant has started."""
@@ -186,6 +224,11 @@ class Transfers:
 
     def _pop(self, fid: int) -> Transfer:
         tr = self.in_flight.pop(fid)
+        if self.traces is not None:
+            for link in self.cfg.path(tr.src, tr.dst):
+                users = self.on_link.get(link)
+                if users is not None:
+                    users.discard(fid)
         for actor in (tr.src, tr.dst):
             mine = self.flows_of.get(actor)
             if mine is not None:
@@ -224,9 +267,12 @@ class Transfers:
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"flows": self.flows, "transfer_ids": peek(self, "ids")}
+        return {"flows": self.flows, "transfer_ids": peek(self, "ids"), "on_link": self.on_link,
+                "change_pending": self.change_pending}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.flows = state["flows"]
         self.ids = itertools.count(state["transfer_ids"])
+        self.on_link = state.get("on_link", {})
+        self.change_pending = state.get("change_pending", set())
 

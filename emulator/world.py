@@ -3,7 +3,9 @@ which samples they hold, and how they are spread over host processes. Pure and s
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +27,7 @@ from node.schedule import BitSchedule
 from node.server import ServerConfig
 from . import devices as dev_model
 from .flows.links import INF, Framing
+from .flows.traces import Trace, TraceError, TraceRef, load_trace
 from .netconfig import Fault, Link
 from .scenario import FLOWER, Scenario, ScenarioError
 from .topology import TOPOLOGIES
@@ -72,6 +75,7 @@ class World:
     group_queue_s: dict[str, float] = field(default_factory=dict)  # topology ring: the gossip configuration (no server process)
     edges: list[EdgeInfo] = field(default_factory=list)  # topology hierarchical: the edge aggregators (server is the cloud)
     flower: tuple | None = None  # algorithm flower: (FlowerServerConfig, FlowerClientConfig)
+    traces: dict[tuple[str, str], TraceRef] = field(default_factory=dict)  # ("up"|"down", client) -> its capacity trace
 
 
 def mix_counts(shares: list[float], total: int) -> list[int]:
@@ -137,7 +141,7 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     rng = np.random.default_rng(sc.seed)  # drawn from in this order: the partition, the device mix, the link mix
     task, shards, test_shards = _shards(sc, task, rng)
     hosts = min(sc.population.hosts or usable_cores(), sc.population.clients)
-    clients = _clients(sc, task, rng, shards, test_shards, hosts)
+    clients, traced = _clients(sc, task, rng, shards, test_shards, hosts)
     faults = _faults(sc, clients)
     groups, group_queue_s, group_of = _shared_links(sc, clients)
     server, client = _actor_configs(sc, task, clients, test_shards)
@@ -152,7 +156,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
         server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
         faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0,
-        tcp=_tcp_params(sc), group_queue_s=group_queue_s, flow_solver=sc.network.flow_solver, flower=flower, **parts,
+        tcp=_tcp_params(sc), group_queue_s=group_queue_s, flow_solver=sc.network.flow_solver, flower=flower,
+        traces=traced, **parts,
     )
 
 
@@ -205,11 +210,14 @@ def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: lis
     behaviour = _trace_records(sc.population.availability.trace, "population.availability.trace") \
         if sc.population.availability.kind == "trace" else None
     ms_of = device_ms_per_sample(sc, task)
+    traces = LinkTraces(sc)
+    traced: dict[tuple[str, str], TraceRef] = {}
     clients = []
     for i in range(n):
         dev = sc.population.devices[devices[i]]
         lk = sc.population.links[links[i]]
-        ms, up, down = ms_of[devices[i]], lk.up_mbps * 1e6, lk.down_mbps * 1e6
+        ms = ms_of[devices[i]]
+        up, down = (lk.up_mbps or 0.0) * 1e6, (lk.down_mbps or 0.0) * 1e6
         if capacity is not None:  # FedScale capacity: client i takes record i mod len, ids in sorted order
             where = f"population.capacity_trace[{capacity[i % len(capacity)][0]}]"
             try:
@@ -219,10 +227,56 @@ def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: lis
             up = down = kbps * 1e3
         profile = ClientProfile(f"c{i:0{width}d}", i, shards[i], ms, test_shards[i], sc.task.feature_noise * (i + 1) / n,
                                 dev.ms_per_batch)
+        if lk.traced:  # a traced direction's nominal rate is its trace's mean (the network follows the trace)
+            for direction, spec in (("up", lk.up_trace), ("down", lk.down_trace)):
+                if spec is not None:
+                    ref, mean = traces.assign(spec, f"population.links[{links[i]}].{direction}_trace", i, direction)
+                    traced[(direction, profile.name)] = ref
+                    up, down = (mean, down) if direction == "up" else (up, mean)
         link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms))
         spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
-    return clients
+    return clients, traced
+
+
+class LinkTraces:
+    """The trace files of the scenario's link mixes, each read once: a client of a traced mix draws
+    its file from the mix's pool and its start offset, from a generator of its own (so the other
+    draws of the world, and a scenario without traces, are as they were)."""
+
+    def __init__(self, sc: Scenario):
+        self.sc = sc
+        root = sc.task.data_root or os.environ.get(datasets.ENV_DATA_ROOT)
+        self.root = Path(root) if root else datasets.default_data_root()
+        self.read: dict[tuple, Trace] = {}
+
+    def files(self, spec, key: str) -> list[str]:
+        patterns = [spec.files] if isinstance(spec.files, str) else list(spec.files)
+        found: list[str] = []
+        for pattern in patterns:
+            base = Path(pattern) if Path(pattern).is_absolute() else self.root / pattern
+            hits = sorted(glob.glob(str(base))) if glob.has_magic(str(base)) else ([str(base)] if base.is_file() else [])
+            if not hits:
+                raise ScenarioError(f"{key}.files: no trace file matches {pattern!r} (relative paths are under the "
+                                    f"scenario's folder or the data root {self.root})")
+            found += hits
+        return found
+
+    def assign(self, spec, key: str, index: int, direction: str) -> tuple[TraceRef, float]:
+        """Client `index`'s trace for one direction, and the trace's mean rate (bit/s)."""
+        pool = self.files(spec, key)
+        rng = np.random.default_rng([self.sc.seed, index, 0x7ACE, 0 if direction == "up" else 1])
+        path = pool[int(rng.integers(len(pool)))] if len(pool) > 1 else pool[0]
+        ref = TraceRef(path, 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop)
+        cache_key = (ref.path, ref.format, ref.bin_s, ref.loop)
+        if cache_key not in self.read:
+            try:
+                self.read[cache_key] = load_trace(ref)
+            except TraceError as exc:
+                raise ScenarioError(f"{key}: {exc}") from None
+        trace = self.read[cache_key]
+        offset = float(rng.uniform(0.0, trace.period)) if spec.offset == "random" else 0.0
+        return dataclasses.replace(ref, offset_s=offset), trace.mean_bps
 
 
 def _faults(sc: Scenario, clients: list[ClientInfo]) -> list[Fault]:

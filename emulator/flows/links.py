@@ -240,6 +240,12 @@ class FlowModel:
             return []
         return self._rebalance()
 
+    def set_capacity(self, link: Hashable, bps: float) -> list[tuple[Hashable, float, int]]:
+        """The link's rate is `bps` from now on (a trace's next bin): every flow's rate afresh, each
+        flow's bits so far counted at the rate it had."""
+        self.capacity[link] = bps
+        return self._rebalance()
+
     def settle(self) -> list[tuple[Hashable, float, int]]:
         """The rates after flows added with settle=False (nothing when none is pending)."""
         return self._rebalance() if self.unsettled else []

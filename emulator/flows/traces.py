@@ -1,0 +1,206 @@
+"""Link-capacity traces: a link direction whose rate follows a recorded trace instead of a constant.
+
+Two formats:
+- Mahimahi's `mm-link` format: one line per opportunity to deliver one 1500-byte packet, its time in
+  integer milliseconds; a time repeats when several packets fit in one millisecond; the trace lasts
+  until its last opportunity and `mm-link` loops it from there.
+- A rate series: one line per sample, `time_s rate_Mbit/s` (whitespace or a comma between them), as
+  the Pensieve-cooked FCC and Norway 3G traces are; a sample's rate holds until the next sample, and
+  the last one for the mean gap between samples.
+
+Either becomes a piecewise-constant rate over bins of `bin_s` (the mean rate of each bin): a
+Mahimahi trace has an opportunity every millisecond or so, while a flow-level model needs a step only
+when the rate moves, and a 100 ms bin keeps a fade (LTE's last about a second) as it is at a tenth of
+the events of a 10 ms one. A trace is read from a time offset (clients that share a file do not fade
+in lockstep) and loops by default."""
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PACKET_BITS = 1500 * 8  # one Mahimahi delivery opportunity
+DEFAULT_BIN_S = 0.1
+FORMATS = ("auto", "mahimahi", "series")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; str() names the file, the line and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A rate in bit/s, constant over each bin of bin_s seconds; `period` seconds long."""
+
+    name: str
+    bin_s: float
+    rates: tuple[float, ...]
+    loop: bool = True
+
+    @property
+    def period(self) -> float:
+        return self.bin_s * len(self.rates)
+
+    @property
+    def mean_bps(self) -> float:
+        return sum(self.rates) / len(self.rates)
+
+    def _index(self, t: float) -> int:
+        """The bin that holds time t of the trace (t >= 0): past the end, the looped bin, or the last
+        one held for ever without a loop. The bin is computed in whole bins, so a time that is a
+        bin boundary falls in the bin it begins."""
+        k = math.floor(t / self.bin_s + 1e-9)
+        if k < len(self.rates):
+            return k
+        return k % len(self.rates) if self.loop else len(self.rates) - 1
+
+    def rate_at(self, t: float) -> float:
+        return self.rates[self._index(max(0.0, t))]
+
+    def next_change(self, t: float) -> float:
+        """The next bin boundary after t where the rate changes (math.inf when it never does)."""
+        t = max(0.0, t)
+        k = math.floor(t / self.bin_s + 1e-9)
+        current = self.rates[self._index(t)]
+        n = len(self.rates)
+        last = n if not self.loop else k + 1 + n  # a whole period on, the rates repeat
+        for j in range(k + 1, last + 1):
+            if j >= n and not self.loop:
+                return math.inf
+            if self.rates[j % n] != current:
+                return j * self.bin_s
+        return math.inf
+
+
+@dataclass(frozen=True)
+class TraceRef:
+    """A link direction's trace as the world gives it to the network: the file, how to read it, and
+    where in it this link starts."""
+
+    path: str
+    offset_s: float = 0.0
+    format: str = "auto"
+    bin_s: float = DEFAULT_BIN_S
+    loop: bool = True
+
+
+def detect_format(lines: list[str]) -> str:
+    """mahimahi when every line is one integer, series when they are two numbers."""
+    for line in lines:
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        return "mahimahi" if re.fullmatch(r"\d+", text) else "series"
+    return "mahimahi"
+
+
+def parse_mahimahi(lines: list[str], name: str, bin_s: float = DEFAULT_BIN_S, loop: bool = True) -> Trace:
+    """Opportunities per bin times 1500 bytes, over the bin: the bin's mean rate. The trace lasts
+    until its last opportunity (as mm-link loops it), in whole bins (the last one partly filled)."""
+    times: list[int] = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text:
+            continue
+        if not re.fullmatch(r"\d+", text):
+            raise TraceError(f"{name}:{number}: expected a delivery time in whole milliseconds, got {text[:40]!r}")
+        ms = int(text)
+        if times and ms < times[-1]:
+            raise TraceError(f"{name}:{number}: time {ms} ms goes back (after {times[-1]} ms)")
+        times.append(ms)
+    if not times or times[-1] <= 0:
+        raise TraceError(f"{name}: no delivery opportunity after 0 ms (an empty or zero-length trace)")
+    duration_s = times[-1] / 1000.0
+    bins = max(1, math.ceil(duration_s / bin_s - 1e-9))
+    counts = np.zeros(bins)
+    for ms in times:
+        counts[min(bins - 1, int(ms / 1000.0 / bin_s))] += 1
+    return Trace(name, bin_s, tuple(float(c) * PACKET_BITS / bin_s for c in counts), loop)
+
+
+def parse_series(lines: list[str], name: str, bin_s: float = DEFAULT_BIN_S, loop: bool = True) -> Trace:
+    """Samples (time_s, Mbit/s), each held until the next; the last for the mean gap. Each bin's rate
+    is the time average over it."""
+    samples: list[tuple[float, float]] = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        parts = [p for p in re.split(r"[,\s]+", text) if p]
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            t, mbps = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise TraceError(f"{name}:{number}: expected 'time_s rate_Mbit/s', got {text[:40]!r}") from None
+        if not (math.isfinite(t) and math.isfinite(mbps)) or mbps < 0:
+            raise TraceError(f"{name}:{number}: a time and a rate >= 0 must be finite numbers, got {text[:40]!r}")
+        if samples and t <= samples[-1][0]:
+            raise TraceError(f"{name}:{number}: time {t} s does not come after {samples[-1][0]} s")
+        samples.append((t, mbps * 1e6))
+    if len(samples) < 2:
+        raise TraceError(f"{name}: a rate series needs at least two samples")
+    start = samples[0][0]
+    times = [t - start for t, _ in samples]
+    gap = times[-1] / (len(times) - 1)
+    ends = times[1:] + [times[-1] + gap]
+    duration_s = ends[-1]
+    bins = max(1, math.ceil(duration_s / bin_s - 1e-9))
+    rates = []
+    for k in range(bins):
+        lo, hi = k * bin_s, min((k + 1) * bin_s, duration_s)
+        i = max(0, bisect.bisect_right(times, lo) - 1)
+        bits = 0.0
+        while i < len(times) and times[i] < hi:
+            bits += samples[i][1] * (min(hi, ends[i]) - max(lo, times[i]))
+            i += 1
+        rates.append(bits / (hi - lo))
+    return Trace(name, bin_s, tuple(rates), loop)
+
+
+def parse_trace(text: str, name: str, fmt: str = "auto", bin_s: float = DEFAULT_BIN_S, loop: bool = True) -> Trace:
+    if fmt not in FORMATS:
+        raise TraceError(f"{name}: unknown trace format {fmt!r} (use {', '.join(FORMATS)})")
+    lines = text.splitlines()
+    if fmt == "auto":
+        fmt = detect_format(lines)
+    return (parse_mahimahi if fmt == "mahimahi" else parse_series)(lines, name, bin_s, loop)
+
+
+def load_trace(ref: TraceRef) -> Trace:
+    path = Path(ref.path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read the trace ({type(exc).__name__}: {exc})") from None
+    return parse_trace(text, str(path), ref.format, ref.bin_s, ref.loop)
+
+
+class TraceRates:
+    """The traces of a run's links, read once per file, and each link's rate at a time of the run:
+    its trace read from its offset."""
+
+    def __init__(self, refs: dict[tuple[str, str], TraceRef]):
+        self.refs = refs
+        cache: dict[tuple, Trace] = {}
+        self.traces: dict[tuple[str, str], Trace] = {}
+        for link, ref in refs.items():
+            key = (ref.path, ref.format, ref.bin_s, ref.loop)
+            if key not in cache:
+                cache[key] = load_trace(ref)
+            self.traces[link] = cache[key]
+
+    def __contains__(self, link) -> bool:
+        return link in self.traces
+
+    def rate(self, link, t: float) -> float:
+        return self.traces[link].rate_at(t + self.refs[link].offset_s)
+
+    def next_change(self, link, t: float) -> float:
+        """The run's time of the link's next rate change after t."""
+        offset = self.refs[link].offset_s
+        return self.traces[link].next_change(t + offset) - offset

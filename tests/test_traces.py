@@ -1,0 +1,160 @@
+"""Trace-driven link capacity (emulator/flows/traces.py): both formats parsed by hand-counted
+tables, malformed files named by file and line, and a transfer over a two-level trace through the
+network process's own code with its time by hand (fluid transport)."""
+import io
+import math
+from pathlib import Path
+
+import pytest
+import zmq
+
+from emulator.flows.links import Framing
+from emulator.flows.traces import PACKET_BITS, TraceError, TraceRef, parse_trace
+from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
+from emulator.network import Network
+from emulator.scenario import ScenarioError, load_scenario
+from protocol import envelope
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data" / "traces"
+
+
+# ---- parsing -------------------------------------------------------------------------------------
+def test_a_mahimahi_trace_counts_its_opportunities_per_bin():
+    # opportunities at 0, 0, 50 ms (bin 0: 3 packets), 150 ms (bin 1), none in bin 2, 320 ms (bin 3)
+    trace = parse_trace("0\n0\n50\n150\n320\n", "t.up", bin_s=0.1)
+    assert trace.rates == (3 * PACKET_BITS / 0.1, PACKET_BITS / 0.1, 0.0, PACKET_BITS / 0.1)
+    assert trace.period == pytest.approx(0.4)  # until the last opportunity, in whole bins
+    # it loops: 0.45 s is 0.05 s into the second pass
+    assert trace.rate_at(0.45) == trace.rates[0] and trace.rate_at(0.35) == trace.rates[3]
+
+
+def test_a_rate_series_holds_each_sample_and_averages_over_bins():
+    # 10 Mbit/s from 0 to 1 s, 1 Mbit/s for the mean gap (1 s) after it; comma or whitespace
+    trace = parse_trace("5.0 10\n6.0,1\n", "s.log", bin_s=0.5)
+    assert trace.rates == (10e6, 10e6, 1e6, 1e6)
+    # a bin across a sample boundary takes the time average
+    assert parse_trace("0 10\n0.25 2\n1 2\n", "s.log", bin_s=0.5).rates[0] == pytest.approx((10e6 * 0.25 + 2e6 * 0.25) / 0.5)
+
+
+def test_the_next_change_skips_bins_of_the_same_rate_and_follows_the_loop():
+    trace = parse_trace("0 10\n1 10\n2 1\n", "s.log", bin_s=0.5)  # 10, 10, 10, 10, 1, 1 (3 s)
+    assert trace.next_change(0.2) == pytest.approx(2.0)
+    assert trace.next_change(2.1) == pytest.approx(3.0)  # back to 10 as it loops
+    once = parse_trace("0 10\n1 10\n2 1\n", "s.log", bin_s=0.5, loop=False)
+    assert once.next_change(2.1) == math.inf and once.rate_at(99.0) == 1e6
+
+
+@pytest.mark.parametrize("text, fmt, message", [
+    ("0\n12\nx\n", "mahimahi", "t:3: expected a delivery time in whole milliseconds, got 'x'"),
+    ("0\n20\n10\n", "mahimahi", "t:3: time 10 ms goes back (after 20 ms)"),
+    ("", "auto", "t: no delivery opportunity after 0 ms"),
+    ("0 1\n1\n", "series", "t:2: expected 'time_s rate_Mbit/s', got '1'"),
+    ("0 1\n1 -2\n", "series", "t:2: a time and a rate >= 0 must be finite numbers"),
+    ("0 1\n0 2\n", "series", "t:2: time 0.0 s does not come after 0.0 s"),
+    ("0 1\n", "series", "t: a rate series needs at least two samples"),
+    ("0 1\n", "csv", "t: unknown trace format 'csv'"),
+])
+def test_a_malformed_trace_is_one_line_naming_file_and_line(text, fmt, message):
+    with pytest.raises(TraceError) as err:
+        parse_trace(text, "t", fmt)
+    assert message in str(err.value)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared trace data are not here")
+def test_the_public_traces_parse_to_their_stated_means():
+    """The README of ../shared/data/traces states each Mahimahi file's mean; the bins keep it."""
+    for name, mean_mbps in (("TMobile-LTE-short.up", 13.32), ("ATT-LTE-driving.up", 0.83), ("Verizon-LTE-short.down", 5.03)):
+        trace = parse_trace((SHARED / "mahimahi" / name).read_text(), name)
+        assert trace.mean_bps / 1e6 == pytest.approx(mean_mbps, rel=0.01), name
+    norway = next((SHARED / "pensieve_cooked").glob("bus.*"))
+    assert parse_trace(norway.read_text(), norway.name).mean_bps > 0
+
+
+# ---- a transfer over a trace, through the network process's code ------------------------------------
+PEERS = {CONDUCTOR: [], "server": ["server"], "host0": ["c0"]}
+
+
+def transfer_end(tmp_path: Path, payload: int, offset_s: float) -> tuple[float, int]:
+    """c0 uploads `payload` bytes at t = 0 over an uplink of 10 Mbit/s for 1 s then 1 Mbit/s for 1 s,
+    looped (fluid transport, no framing, no latency): when does it arrive, and how many bits crossed
+    the link (the payload and the message's header)?"""
+    trace = tmp_path / "two_level.log"
+    trace.write_text("0 10\n1 1\n")
+    links = {"server": Link(), "c0": Link(up_bps=1e6, down_bps=1e6)}
+    cfg = NetworkConfig("inproc://unused", PEERS, links, framing=Framing(0, 0, 0),
+                        traces={("up", "c0"): TraceRef(str(trace), offset_s, "series", 0.1)})
+    net = Network(cfg)
+    net.guard.log = io.StringIO()
+    for peer, actors in PEERS.items():
+        net.receive(peer.encode(), [zmq.Frame(envelope.pack("hello", peer=peer, actors=actors))])
+    net.queue.clear()
+    net._outbox.clear()
+    records = []
+    net.record = lambda rec: records.extend(rec.get("transfers", []))
+    net.transfers.record = net.record
+    net.receive(b"host0", [zmq.Frame(envelope.pack("send", src="c0", dst="server", kind="update", round=0, t=0.0, n=0,
+                                                   body={}, payload=payload, fp32=payload)), zmq.Frame(b"x" * payload)])
+
+    class Wire:
+        def send_multipart(self, frames, copy=True):
+            pass
+    while net.step(Wire()):
+        pass
+    (rec,) = [r for r in records if r["kind"] == "update"]
+    assert rec["outcome"] == "ok"
+    return rec["t_end"], rec["link_bytes"] * 8
+
+
+def test_a_transfer_follows_its_links_trace(tmp_path):
+    # 3 MB (24 Mbit and the header) from the trace's start: 10 + 1 + 10 + 1 Mbit by 4 s, the rest at 10 Mbit/s
+    end, bits = transfer_end(tmp_path, 3_000_000, 0.0)
+    assert 24e6 < bits < 24e6 + 8000 and end == pytest.approx(4.0 + (bits - 22e6) / 10e6, abs=1e-9)
+    # started 0.95 s into the trace: 0.5 + 1 + 10 + 1 + 10 + 1 Mbit by 5.05 s, then the rest at 10 Mbit/s
+    end, bits = transfer_end(tmp_path, 3_000_000, 0.95)
+    assert end == pytest.approx(5.05 + (bits - 23.5e6) / 10e6, abs=1e-9)
+
+
+# ---- the scenario keys -----------------------------------------------------------------------------
+SCENARIO = """
+name: traced
+rounds: 1
+task: {dataset: synthetic, model: mlp, synthetic: {samples: 120, test_samples: 40, shape: [1, 28, 28], classes: 10}}
+population: {clients: 4, hosts: 1, devices: [{ms_per_sample: 1}],
+             links: [{down_mbps: 20, latency_ms: 20, up_trace: {files: %s}}]}
+selection: {clients_per_round: 2}
+"""
+
+
+def test_clients_draw_their_trace_and_offset_seeded(tmp_path):
+    (tmp_path / "a.log").write_text("0 10\n1 1\n")
+    (tmp_path / "b.log").write_text("0 3\n2 5\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO % "'*.log'")
+    from emulator.world import build_world
+
+    sc, _ = load_scenario(path)
+    first, second = build_world(sc), build_world(sc)
+    assert first.traces == second.traces and len(first.traces) == 4  # every uplink, the same draws
+    assert {Path(ref.path).name for ref in first.traces.values()} == {"a.log", "b.log"}
+    assert len({ref.offset_s for ref in first.traces.values()}) == 4  # each client starts elsewhere
+    assert all(("down", c.profile.name) not in first.traces for c in first.clients)
+    # the nominal uplink rate is the trace's mean: 5.5 Mbit/s for a, 4 Mbit/s for b
+    assert {c.link.up_bps for c in first.clients} <= {5.5e6, 4e6}
+
+
+@pytest.mark.parametrize("files, words", [
+    ("'missing/*.log'", "up_trace.files: no trace file matches 'missing/*.log'"),
+    ("bad.log", "up_trace: "),
+])
+def test_a_bad_trace_is_one_line_naming_the_key(tmp_path, files, words):
+    (tmp_path / "bad.log").write_text("0 10\n1 x\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO % files)
+    from emulator.world import build_world
+
+    with pytest.raises(ScenarioError) as err:
+        build_world(load_scenario(path)[0])
+    assert words in str(err.value) and "\n" not in str(err.value)
+    if files == "bad.log":
+        assert "bad.log:2: expected 'time_s rate_Mbit/s'" in str(err.value)
