@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from emulator.flows.links import Framing
+from emulator.flows.links import FlowModel, Framing
 from emulator.flows.traces import PACKET_BITS, TraceError, TraceRef, parse_trace
 from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
 from emulator.network import Network
@@ -158,3 +158,30 @@ def test_a_bad_trace_is_one_line_naming_the_key(tmp_path, files, words):
     assert words in str(err.value) and "\n" not in str(err.value)
     if files == "bad.log":
         assert "bad.log:2: expected 'time_s rate_Mbit/s'" in str(err.value)
+
+
+def test_a_capacity_drop_under_tcp_builds_the_queue_and_inflates_the_rtt():
+    """A CUBIC flow at 20 Mbit/s (100 ms RTT, 0.5 s of buffer) whose link drops to 2 Mbit/s: its
+    window beyond the new BDP stands in the buffer, up to the buffer's size, and every RTT of the
+    link grows by that queue (the numbers of transport.py's queue rule, by hand)."""
+    from emulator.flows.transport import TcpTransport
+
+    seg = 1514 * 8.0
+    link = ("up", "a")
+    fm = FlowModel({link: 20e6}, TcpTransport(), queue_s={link: 0.5})
+    due = {fid: (t, v) for fid, t, v in fm.add("f", 50_000 * seg, [link], connection="c", rtt=0.1, seg_bits=seg)}
+    while min(t for t, _ in due.values()) <= 3.0:  # past slow start: a window that covers the path
+        fid = min(due, key=lambda f: due[f][0])
+        fm.advance(due[fid][0])
+        _, changed = fm.fire(fid)
+        due.update({f: (t, v) for f, t, v in changed})
+    flow, st = fm.flows["f"], fm.flows["f"].tcp
+    assert st.phase == "ca" and flow.rate == 20e6
+    fm.advance(3.0)
+    fm.set_capacity(link, 2e6)
+    excess = st.conn.cwnd * seg - 2e6 * st.rtt_base
+    assert flow.rate == 2e6 and excess > 0.5 * 2e6  # more than the buffer holds: it is full
+    assert fm.qdelay[link] == pytest.approx(min(excess, 0.5 * 2e6) / 2e6) == pytest.approx(0.5)
+    assert st.rtt == pytest.approx(st.rtt_base + 0.5)
+    fm.set_capacity(link, 20e6)  # and back: the same window fits again, the queue shrinks with it
+    assert flow.rate == 20e6 and fm.qdelay[link] == pytest.approx((st.conn.cwnd * seg - 20e6 * st.rtt_base) / 20e6)

@@ -244,6 +244,8 @@ class FlowModel:
         """The link's rate is `bps` from now on (a trace's next bin): every flow's rate afresh, each
         flow's bits so far counted at the rate it had."""
         self.capacity[link] = bps
+        if self.transport is not None:  # the bits standing in its buffer now drain at the new rate
+            self._link_queue(link)
         return self._rebalance()
 
     def settle(self) -> list[tuple[Hashable, float, int]]:
