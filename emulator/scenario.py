@@ -71,17 +71,35 @@ class DeviceMix(Strict):
         return v
 
 
+class SyntheticSpec(Strict):
+    """A generated cellular trace (emulator/flows/traces.py's SyntheticFades: defaults fitted to the
+    public Mahimahi recordings)."""
+    mean_mbps: float = Field(gt=0, description="the trace's mean rate")
+    fade_share: float = Field(0.11, ge=0, lt=1, description="share of the time in fades")
+    fade_s: float = Field(2.7, gt=0, description="mean length of a fade")
+    fade_level: float = Field(0.15, ge=0, lt=1, description="a fade's rate, relative to the mean")
+    outage_share: float = Field(0.01, ge=0, lt=1, description="share of the time with no capacity")
+    outage_s: float = Field(2.0, gt=0, description="mean length of an outage")
+    good_cv: float = Field(0.45, ge=0, description="coefficient of variation of the good periods' levels")
+    good_step_s: float = Field(2.0, gt=0, description="how long a good level lasts before it is drawn again")
+    duration_s: float = Field(600.0, gt=0, description="generated once per client, then looped")
+
+
 class TraceSpec(Strict):
-    """A link direction's capacity from recorded traces (emulator/flows/traces.py)."""
-    files: Union[str, list[str]] = Field(
-        description="trace files or globs: absolute, relative to the scenario file, or else to the data root "
-                    "(task.data_root or $EMULATOR_DATA); each client of the mix draws one, seeded")
+    """A link direction's capacity from recorded traces, or a generated one (emulator/flows/traces.py)."""
+    files: Union[str, list[str], None] = Field(
+        None, description="trace files or globs: absolute, relative to the scenario file, or else to the data root "
+                          "(task.data_root or $EMULATOR_DATA); each client of the mix draws one, seeded")
+    synthetic: Optional[SyntheticSpec] = Field(
+        None, description="instead of files: a seeded generated trace per client (fades and outages fitted to public "
+                          "cellular recordings)")
     format: Literal["auto", "mahimahi", "series"] = Field(
         "auto", description="mahimahi: mm-link's delivery times in ms; series: 'time_s Mbit/s' lines; auto: by the first line")
     bin_ms: float = Field(100.0, gt=0, description="the rate is the trace's mean over bins this long")
     loop: bool = Field(True, description="start again at the end (as mm-link does); false: keep the last bin's rate")
     offset: Literal["random", "zero"] = Field(
         "random", description="where in its trace each client starts: random (seeded, so clients do not fade in lockstep) or zero")
+    rules = (OneOf("files", "synthetic"),)
 
 
 class LinkMix(Strict):
@@ -912,7 +930,7 @@ def _resolve_paths(sc: "Scenario", scenario_path: Path) -> None:
             setattr(holder, key, str(base / value))
     for mix in sc.population.links:  # link traces that the scenario's folder holds (else: under the data root)
         for spec in (mix.up_trace, mix.down_trace):
-            if spec is not None:
+            if spec is not None and spec.files is not None:
                 patterns = [spec.files] if isinstance(spec.files, str) else spec.files
                 local = [str(base / p) if not Path(p).is_absolute() and glob.glob(str(base / p)) else p for p in patterns]
                 spec.files = local if isinstance(spec.files, list) else local[0]

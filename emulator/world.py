@@ -27,7 +27,7 @@ from node.schedule import BitSchedule
 from node.server import ServerConfig
 from . import devices as dev_model
 from .flows.links import INF, Framing
-from .flows.traces import Trace, TraceError, TraceRef, load_trace
+from .flows.traces import SyntheticFades, Trace, TraceError, TraceRef, load_trace
 from .netconfig import Fault, Link
 from .scenario import FLOWER, Scenario, ScenarioError
 from .topology import TOPOLOGIES
@@ -264,11 +264,15 @@ class LinkTraces:
 
     def assign(self, spec, key: str, index: int, direction: str) -> tuple[TraceRef, float]:
         """Client `index`'s trace for one direction, and the trace's mean rate (bit/s)."""
-        pool = self.files(spec, key)
         rng = np.random.default_rng([self.sc.seed, index, 0x7ACE, 0 if direction == "up" else 1])
-        path = pool[int(rng.integers(len(pool)))] if len(pool) > 1 else pool[0]
-        ref = TraceRef(path, 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop)
-        cache_key = (ref.path, ref.format, ref.bin_s, ref.loop)
+        if spec.synthetic is not None:  # its own generated trace, from a seed of its own
+            ref = TraceRef("", 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop,
+                           SyntheticFades(**spec.synthetic.model_dump()), (self.sc.seed, index, 0x5F, 0 if direction == "up" else 1))
+        else:
+            pool = self.files(spec, key)
+            path = pool[int(rng.integers(len(pool)))] if len(pool) > 1 else pool[0]
+            ref = TraceRef(path, 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop)
+        cache_key = (ref.path, ref.format, ref.bin_s, ref.loop, ref.synthetic, ref.seed)
         if cache_key not in self.read:
             try:
                 self.read[cache_key] = load_trace(ref)

@@ -23,7 +23,7 @@ SHARED = ROOT.parent / "shared" / "data" / "traces"
 def test_a_mahimahi_trace_counts_its_opportunities_per_bin():
     # opportunities at 0, 0, 50 ms (bin 0: 3 packets), 150 ms (bin 1), none in bin 2, 320 ms (bin 3)
     trace = parse_trace("0\n0\n50\n150\n320\n", "t.up", bin_s=0.1)
-    assert trace.rates == (3 * PACKET_BITS / 0.1, PACKET_BITS / 0.1, 0.0, PACKET_BITS / 0.1)
+    assert tuple(trace.rates) == (3 * PACKET_BITS / 0.1, PACKET_BITS / 0.1, 0.0, PACKET_BITS / 0.1)
     assert trace.period == pytest.approx(0.4)  # until the last opportunity, in whole bins
     # it loops: 0.45 s is 0.05 s into the second pass
     assert trace.rate_at(0.45) == trace.rates[0] and trace.rate_at(0.35) == trace.rates[3]
@@ -32,7 +32,7 @@ def test_a_mahimahi_trace_counts_its_opportunities_per_bin():
 def test_a_rate_series_holds_each_sample_and_averages_over_bins():
     # 10 Mbit/s from 0 to 1 s, 1 Mbit/s for the mean gap (1 s) after it; comma or whitespace
     trace = parse_trace("5.0 10\n6.0,1\n", "s.log", bin_s=0.5)
-    assert trace.rates == (10e6, 10e6, 1e6, 1e6)
+    assert tuple(trace.rates) == (10e6, 10e6, 1e6, 1e6)
     # a bin across a sample boundary takes the time average
     assert parse_trace("0 10\n0.25 2\n1 2\n", "s.log", bin_s=0.5).rates[0] == pytest.approx((10e6 * 0.25 + 2e6 * 0.25) / 0.5)
 
@@ -185,3 +185,41 @@ def test_a_capacity_drop_under_tcp_builds_the_queue_and_inflates_the_rtt():
     assert st.rtt == pytest.approx(st.rtt_base + 0.5)
     fm.set_capacity(link, 20e6)  # and back: the same window fits again, the queue shrinks with it
     assert flow.rate == 20e6 and fm.qdelay[link] == pytest.approx((st.conn.cwnd * seg - 20e6 * st.rtt_base) / 20e6)
+
+
+# ---- synthetic traces --------------------------------------------------------------------------------
+def test_a_synthetic_trace_has_the_fitted_statistics_and_is_a_function_of_its_seed():
+    from emulator.flows.traces import SyntheticFades
+
+    spec = SyntheticFades(5.0)
+    for seed in range(4):
+        trace = spec.trace([seed], 1.0)
+        rel = trace.rates / 5e6
+        assert trace.mean_bps == pytest.approx(5e6)  # exactly its mean
+        # within the spread of the 13 recordings it is fitted to (tools/trace_stats.py)
+        assert 0.05 <= (rel < 0.3).mean() <= 0.25 and (rel == 0).mean() <= 0.09 and 0.35 <= rel.std() <= 0.95
+        assert list(spec.trace([seed], 1.0).rates) == list(trace.rates)
+    assert list(spec.trace([0], 1.0).rates) != list(spec.trace([1], 1.0).rates)
+
+
+def test_a_run_on_synthetic_fading_uplinks_is_a_function_of_its_seed(tmp_path):
+    """Real processes: two runs of a scenario whose uplinks each follow their own generated trace
+    give the same transfers to the last digit; the same run on static links at the traces' mean does
+    not (the fades move the uploads' times)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    base = SCENARIO.replace("rounds: 1", "rounds: 2").replace("clients: 4", "clients: 6")
+    traced = base.replace("up_trace: {files: %s}", "up_trace: {synthetic: {mean_mbps: 2}}")
+    static = base.replace("up_trace: {files: %s}", "up_mbps: 2")
+    digests = []
+    for name, text in (("a", traced), ("b", traced), ("static", static)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text.replace("name: traced", f"name: {name}"))
+        out = tmp_path / f"run-{name}"
+        res = subprocess.run([sys.executable, "-m", "emulator", "run", str(path), "--quiet", "--out", str(out)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        digests.append(hashlib.md5((out / "transfers.csv").read_bytes()).hexdigest())
+    assert digests[0] == digests[1] != digests[2]

@@ -32,14 +32,18 @@ class TraceError(ValueError):
     """A trace file that cannot be read; str() names the file, the line and what is wrong."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Trace:
-    """A rate in bit/s, constant over each bin of bin_s seconds; `period` seconds long."""
+    """A rate in bit/s, constant over each bin of bin_s seconds; `period` seconds long. The rates are
+    an array (8 bytes a bin: a generated trace per client of a large population stays small)."""
 
     name: str
     bin_s: float
-    rates: tuple[float, ...]
+    rates: np.ndarray
     loop: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "rates", np.asarray(self.rates, dtype=float))
 
     @property
     def period(self) -> float:
@@ -47,7 +51,7 @@ class Trace:
 
     @property
     def mean_bps(self) -> float:
-        return sum(self.rates) / len(self.rates)
+        return float(self.rates.mean())
 
     def _index(self, t: float) -> int:
         """The bin that holds time t of the trace (t >= 0): past the end, the looped bin, or the last
@@ -59,13 +63,13 @@ class Trace:
         return k % len(self.rates) if self.loop else len(self.rates) - 1
 
     def rate_at(self, t: float) -> float:
-        return self.rates[self._index(max(0.0, t))]
+        return float(self.rates[self._index(max(0.0, t))])
 
     def next_change(self, t: float) -> float:
         """The next bin boundary after t where the rate changes (math.inf when it never does)."""
         t = max(0.0, t)
         k = math.floor(t / self.bin_s + 1e-9)
-        current = self.rates[self._index(t)]
+        current = float(self.rates[self._index(t)])
         n = len(self.rates)
         last = n if not self.loop else k + 1 + n  # a whole period on, the rates repeat
         for j in range(k + 1, last + 1):
@@ -86,6 +90,8 @@ class TraceRef:
     format: str = "auto"
     bin_s: float = DEFAULT_BIN_S
     loop: bool = True
+    synthetic: "SyntheticFades | None" = None  # generated (from `seed`) instead of read from `path`
+    seed: tuple = ()
 
 
 def detect_format(lines: list[str]) -> str:
@@ -119,7 +125,7 @@ def parse_mahimahi(lines: list[str], name: str, bin_s: float = DEFAULT_BIN_S, lo
     counts = np.zeros(bins)
     for ms in times:
         counts[min(bins - 1, int(ms / 1000.0 / bin_s))] += 1
-    return Trace(name, bin_s, tuple(float(c) * PACKET_BITS / bin_s for c in counts), loop)
+    return Trace(name, bin_s, counts * (PACKET_BITS / bin_s), loop)
 
 
 def parse_series(lines: list[str], name: str, bin_s: float = DEFAULT_BIN_S, loop: bool = True) -> Trace:
@@ -159,7 +165,7 @@ def parse_series(lines: list[str], name: str, bin_s: float = DEFAULT_BIN_S, loop
             bits += samples[i][1] * (min(hi, ends[i]) - max(lo, times[i]))
             i += 1
         rates.append(bits / (hi - lo))
-    return Trace(name, bin_s, tuple(rates), loop)
+    return Trace(name, bin_s, np.array(rates), loop)
 
 
 def parse_trace(text: str, name: str, fmt: str = "auto", bin_s: float = DEFAULT_BIN_S, loop: bool = True) -> Trace:
@@ -172,6 +178,8 @@ def parse_trace(text: str, name: str, fmt: str = "auto", bin_s: float = DEFAULT_
 
 
 def load_trace(ref: TraceRef) -> Trace:
+    if ref.synthetic is not None:
+        return ref.synthetic.trace(list(ref.seed), ref.bin_s)
     path = Path(ref.path)
     try:
         text = path.read_text()
@@ -181,26 +189,89 @@ def load_trace(ref: TraceRef) -> Trace:
 
 
 class TraceRates:
-    """The traces of a run's links, read once per file, and each link's rate at a time of the run:
-    its trace read from its offset."""
+    """The traces of a run's links, each file read once and each generated trace made once, when a
+    flow first uses a link that follows it (most of a large population's links never carry one);
+    and each link's rate at a time of the run: its trace read from its offset."""
 
     def __init__(self, refs: dict[tuple[str, str], TraceRef]):
         self.refs = refs
-        cache: dict[tuple, Trace] = {}
+        self.cache: dict[tuple, Trace] = {}
         self.traces: dict[tuple[str, str], Trace] = {}
-        for link, ref in refs.items():
-            key = (ref.path, ref.format, ref.bin_s, ref.loop)
-            if key not in cache:
-                cache[key] = load_trace(ref)
-            self.traces[link] = cache[key]
 
     def __contains__(self, link) -> bool:
-        return link in self.traces
+        return link in self.refs
+
+    def _trace(self, link) -> Trace:
+        trace = self.traces.get(link)
+        if trace is None:
+            ref = self.refs[link]
+            key = (ref.path, ref.format, ref.bin_s, ref.loop, ref.synthetic, ref.seed)
+            if key not in self.cache:
+                self.cache[key] = load_trace(ref)
+            trace = self.traces[link] = self.cache[key]
+        return trace
 
     def rate(self, link, t: float) -> float:
-        return self.traces[link].rate_at(t + self.refs[link].offset_s)
+        return self._trace(link).rate_at(t + self.refs[link].offset_s)
 
     def next_change(self, link, t: float) -> float:
         """The run's time of the link's next rate change after t."""
         offset = self.refs[link].offset_s
-        return self.traces[link].next_change(t + offset) - offset
+        return self._trace(link).next_change(t + offset) - offset
+
+
+# ---- synthetic traces ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SyntheticFades:
+    """A seeded Markov-modulated cellular link for scenarios that ship no trace files: good periods
+    whose level is redrawn every `good_step_s` (lognormal, coefficient of variation `good_cv`),
+    interrupted by fades to `fade_level` of the mean and by outages (no capacity), each of
+    exponential length. The defaults are fitted to the 13 public Mahimahi cellular recordings
+    (LTE, UMTS, EVDO; `python tools/trace_stats.py FILES` prints these figures for any traces) in 1 s
+    bins: time below 30 % of the mean 7-22 % (median 11 %), those fades lasting 1.1-5.1 s on average
+    (median 2.7 s), outages 0-9 % of the time (median 1 %), coefficient of variation 0.42-0.89 (median
+    0.6). The generated rate is scaled so that its mean over `duration_s` is exactly `mean_mbps`."""
+
+    mean_mbps: float
+    fade_share: float = 0.11
+    fade_s: float = 2.7
+    fade_level: float = 0.15
+    outage_share: float = 0.01
+    outage_s: float = 2.0
+    good_cv: float = 0.45
+    good_step_s: float = 2.0
+    duration_s: float = 600.0  # generated once, then looped
+
+    def trace(self, seed: int | list[int], bin_s: float = DEFAULT_BIN_S) -> Trace:
+        rng = np.random.default_rng(seed)
+        bad = self.fade_share + self.outage_share
+        # alternate a good period with a fade or an outage; the good periods' mean length gives the shares
+        p_fade = self.fade_share / bad if bad > 0 else 0.0
+        bad_s = p_fade * self.fade_s + (1 - p_fade) * self.outage_s
+        good_s = bad_s * (1 - bad) / bad if bad > 0 else math.inf
+        good_mean = (1 - self.fade_share * self.fade_level) / (1 - bad)  # so the whole mean is 1
+        sigma = math.sqrt(math.log(1 + self.good_cv**2))
+        bins = max(1, round(self.duration_s / bin_s))
+        rel = np.empty(bins)
+        t, k = 0.0, 0
+        while k < bins:
+            end = t + (rng.exponential(good_s) if good_s < math.inf else self.duration_s)
+            while t < end and k < bins:  # good: a level per step
+                level = good_mean * rng.lognormal(-sigma**2 / 2, sigma)
+                step_end = min(end, t + self.good_step_s)
+                k = self._fill(rel, k, t, step_end, level, bin_s)
+                t = step_end
+            if bad > 0 and k < bins:
+                fade = rng.random() < p_fade
+                length = rng.exponential(self.fade_s if fade else self.outage_s)
+                k = self._fill(rel, k, t, t + length, self.fade_level if fade else 0.0, bin_s)
+                t += length
+        scale = self.mean_mbps * 1e6 / rel.mean() if rel.mean() > 0 else self.mean_mbps * 1e6
+        return Trace(f"synthetic({self.mean_mbps} Mbit/s)", bin_s, rel * scale)
+
+    @staticmethod
+    def _fill(rel: np.ndarray, k: int, start: float, end: float, level: float, bin_s: float) -> int:
+        """Bins up to `end` take `level` (a bin is the level of the period it starts in); the next bin."""
+        last = min(len(rel), max(k, math.ceil(end / bin_s - 1e-9)))
+        rel[k:last] = level
+        return last
