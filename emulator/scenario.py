@@ -917,6 +917,9 @@ def _resolve_profiles(raw: dict, scenario_path: Path) -> None:
         library = dict(known[name])
         if SPEED_KEYS & set(entry):  # the entry's own speed replaces the profile's, whichever way it is given
             library = {k: v for k, v in library.items() if k not in SPEED_KEYS}
+        for direction in ("up", "down"):  # so does a direction's trace its rate
+            if f"{direction}_trace" in entry:
+                library.pop(f"{direction}_mbps", None)
         merged = {"name": name, **library, **{k: v for k, v in entry.items() if k != "profile"}}
         population[section][i] = merged
 

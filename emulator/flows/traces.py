@@ -25,6 +25,7 @@ import numpy as np
 
 PACKET_BITS = 1500 * 8  # one Mahimahi delivery opportunity
 DEFAULT_BIN_S = 0.1
+OUTAGE_BPS = 1e3  # what the network gives a link while its trace has no capacity (TraceRates.rate)
 FORMATS = ("auto", "mahimahi", "series")
 
 
@@ -212,7 +213,10 @@ class TraceRates:
         return trace
 
     def rate(self, link, t: float) -> float:
-        return self._trace(link).rate_at(t + self.refs[link].offset_s)
+        """The link's capacity at t. An outage (no capacity in the trace) is OUTAGE_BPS: the flow
+        model divides by capacities (serialization, queueing delay), and at 1 kbit/s a 2 s outage
+        moves 250 bytes, which no transfer notices."""
+        return max(OUTAGE_BPS, self._trace(link).rate_at(t + self.refs[link].offset_s))
 
     def next_change(self, link, t: float) -> float:
         """The run's time of the link's next rate change after t."""
