@@ -15,6 +15,7 @@ Two kinds of declaration, one check each:
 A new topology, strategy or clock mode declares its Fits; nothing here names it."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -119,6 +120,21 @@ class SectionRefusal(ValueError):
     formatter joins it to the section's path)."""
 
 
+@dataclass(frozen=True)
+class FeedbackNeedsContraction:
+    """A codec spec's error feedback only with codecs that declare themselves contractive
+    (protocol/codecs/base.py): rescaled random-k's residual grows without bound."""
+
+    def refusal(self, m: Any) -> str | None:
+        if not m.error_feedback:
+            return None
+        wild = [label for label, codec in m.named_codecs() if not codec.contractive]
+        if not wild:
+            return None
+        return (f"error_feedback: {wild[0]} is not contractive (it rescales what it keeps), so the residual grows "
+                f"without bound; use topk or threshold with error feedback")
+
+
 def check_section(model: Any) -> Any:
     """A section's declared rules, in order; the first broken one is its error."""
     for rule in type(model).rules:
@@ -161,7 +177,7 @@ class Fits:
     train_false: str | None = None  # algorithm.train false
     hierarchy: str | None = None  # a hierarchy section
     options_elsewhere: str | None = None  # algorithm.options, where its options live under another key
-    weights_on: dict[str, str] = field(default_factory=dict)  # direction -> why it carries weights (no sparsifier)
+    weights_on: dict[str, str] = field(default_factory=dict)  # a codec's key -> why it carries weights (no sparsifier)
 
 
 def _uses_offline_devices(sc) -> bool:
@@ -215,11 +231,11 @@ def _part_refusals(sc, fits: Fits) -> Iterator[str]:
         if fits.update_codecs is not None and spec.sends_updates():
             yield (f"algorithm.codec.{direction}: {fits.update_codecs}, not with {spec.name}"
                    f"{' and error feedback' if spec.error_feedback else ''}")
-        if direction in fits.weights_on:
-            for label, codec in spec.named_codecs():
-                if codec.encodes_delta:
-                    yield (f"algorithm.codec.{direction}: {label} encodes updates (deltas), but "
-                           f"{fits.weights_on[direction]}; use a dense codec (fp32, fp16, bf16, int)")
+    for key, why in fits.weights_on.items():
+        spec = operator.attrgetter(key)(sc)
+        for label, codec in spec.named_codecs():
+            if codec.encodes_delta:
+                yield f"{key}: {label} encodes updates (deltas), but {why}; use a dense codec (fp32, fp16, bf16, int)"
 
 
 def scenario_refusals(sc, parts: list[Fits]) -> list[str]:

@@ -22,8 +22,8 @@ from node.strategies import REGISTRY, StrategyError, strategy_class
 from node.strategies.fedalign import FedAlign
 
 from .flows.congestion import CONGESTION_CONTROLS
-from .rules import (Fits, Needs, OneOf, OnlyWhen, Ordered, OwnOptions, SectionRefusal, algorithm_fits, check_section,
-                    scenario_refusals)
+from .rules import (FeedbackNeedsContraction, Fits, Needs, OneOf, OnlyWhen, Ordered, OwnOptions, SectionRefusal,
+                    algorithm_fits, check_section, scenario_refusals)
 from .topology import TOPOLOGIES
 
 
@@ -356,6 +356,7 @@ class CodecSpec(BaseModel):
     layers: dict[str, dict] = Field(
         default_factory=dict, description="mixed precision: tensor-name pattern (fnmatch, e.g. 'net.1.*') -> codec spec; "
                                           "the first matching pattern wins, other tensors take this codec")
+    rules: ClassVar[tuple] = (FeedbackNeedsContraction(),)
 
     def build(self):
         return make_codec(self.model_dump(exclude={"error_feedback", "layers"}))
@@ -393,7 +394,7 @@ class CodecSpec(BaseModel):
                     raise CodecError(f"layers[{pattern!r}]: {exc}") from None
         except CodecError as exc:
             raise ValueError(str(exc)) from None
-        return self
+        return check_section(self)  # its declared rules, once its codecs are known to build
 
 
 class Codecs(Strict):

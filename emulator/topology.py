@@ -16,7 +16,7 @@ from .rules import Fits
 if TYPE_CHECKING:  # the world builder imports the schema, which asks the topologies
     from .world import World
 
-DOWNLOAD_CARRIES_WEIGHTS = {"down": "the download carries the model's weights"}
+DOWNLOAD_CARRIES_WEIGHTS = {"algorithm.codec.down": "the download carries the model's weights"}
 
 
 def _checkpoints_refused(sc) -> str:
@@ -134,7 +134,7 @@ class Ring(Topology):
             checkpoints=_checkpoints_refused(sc), notify_closed=_notify_closed_refused(sc),
             upload_error_feedback="kept by the clients of a star on their uploads; ring gossip carries each client's weights",
             layered_uploads="per-layer codecs apply to star algorithms",
-            weights_on={**DOWNLOAD_CARRIES_WEIGHTS, "up": "ring gossip carries each client's weights"},
+            weights_on={**DOWNLOAD_CARRIES_WEIGHTS, "algorithm.codec.up": "ring gossip carries each client's weights"},
             hierarchy="applies to topology hierarchical, not ring")
 
     def server_actors(self) -> list[str]:
@@ -184,7 +184,8 @@ class Hierarchical(Topology):
     def fits(cls, sc) -> Fits:
         return Fits(who="topology hierarchical", adaptive_bits="adaptive bit schedules follow a star's rounds; use static",
                     checkpoints=_checkpoints_refused(sc), notify_closed=_notify_closed_refused(sc),
-                    weights_on=DOWNLOAD_CARRIES_WEIGHTS)
+                    weights_on={**DOWNLOAD_CARRIES_WEIGHTS,
+                                "hierarchy.codec": "edges and the cloud exchange the models' weights both ways"})
 
     def server_actors(self) -> list[str]:
         return [SERVER, *(e.name for e in self.world.edges)]

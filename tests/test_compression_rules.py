@@ -168,3 +168,55 @@ def test_bad_layer_codecs_are_one_clear_line(tmp_path, codec, message):
     with pytest.raises(ScenarioError) as err:
         load(tmp_path, STAR, codec)
     assert message in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+HIERARCHY = STAR.replace("rounds: 1", "rounds: 1\ntopology: hierarchical\nhierarchy: {edges: 2, codec: %s}")
+SPARSIFIERS = ("{name: topk, fraction: 0.1}", "{name: randomk, fraction: 0.1}", "{name: threshold, magnitude: 0.001}")
+
+
+@pytest.mark.parametrize("codec", SPARSIFIERS)
+@pytest.mark.parametrize("path", ["algorithm.codec.down", "ring gossip", "hierarchy.codec"])
+def test_every_path_that_carries_weights_refuses_every_sparsifier(tmp_path, codec, path):
+    """Issue 43, item 4: a sparsifier keeps a few entries of what it is given; given weights (a download,
+    ring gossip, the edges' and the cloud's models) it zeroes most of the model. Each path refuses
+    each sparsifier in one line naming the key; the star's upload (an update) takes them all."""
+    text, extra, key = {
+        "algorithm.codec.down": (STAR, f"codec: {{down: {codec}}}", "algorithm.codec.down"),
+        "ring gossip": (RING, f"name: fibfl, codec: {{up: {codec}}}", "algorithm.codec.up"),
+        "hierarchy.codec": (HIERARCHY % codec, "name: fedavg", "hierarchy.codec"),
+    }[path]
+    with pytest.raises(ScenarioError) as err:
+        load(tmp_path, text, extra)
+    assert f"{key}: " in str(err.value) and "encodes updates (deltas)" in str(err.value)
+    assert len(str(err.value).splitlines()) == 1
+    load(tmp_path, STAR, f"codec: {{up: {codec}}}")  # an upload is an update: accepted
+
+
+@pytest.mark.parametrize("codec, refused", [
+    ("{name: randomk, fraction: 0.1}", True), ("{name: topk, fraction: 0.1}", False),
+    ("{name: threshold, magnitude: 0.001}", False), ("{name: int, bits: 8}", False),
+])
+def test_error_feedback_only_with_contractive_codecs(tmp_path, codec, refused):
+    """Rescaled random-k is not contractive: with error feedback its residual grows without bound."""
+    spec = codec[:-1] + ", error_feedback: true}"
+    if refused:
+        with pytest.raises(ScenarioError, match=r"algorithm\.codec\.up\.error_feedback: randomk is not contractive"):
+            load(tmp_path, STAR, f"codec: {{up: {spec}}}")
+    else:
+        assert load(tmp_path, STAR, f"codec: {{up: {spec}}}")[0].algorithm.codec.up.error_feedback
+
+
+def test_random_k_with_error_feedback_does_diverge_where_top_k_does_not():
+    """Why the refusal: a constant update through error feedback, 50 rounds. Top-k's residual stays
+    bounded (it is contractive); rescaled random-k's grows by orders of magnitude."""
+    from protocol.codecs.feedback import ErrorFeedback
+
+    update = {"w": np.linspace(-1.0, 1.0, 1000).astype(np.float32)}
+    residual_norms = {}
+    for name in ("topk", "randomk"):
+        feedback, codec, rng = ErrorFeedback(), make_codec({"name": name, "fraction": 0.05}), np.random.default_rng(0)
+        for _ in range(50):
+            _, feedback.residual = feedback.compress(update, codec, rng)
+        residual_norms[name] = float(np.linalg.norm(feedback.residual["w"]))
+    assert residual_norms["topk"] < 50 * np.linalg.norm(update["w"])  # bounded: at most the updates summed
+    assert residual_norms["randomk"] > 1e3 * residual_norms["topk"]

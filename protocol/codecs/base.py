@@ -24,10 +24,13 @@ class Codec:
 
     Subclasses set `name`, accept their parameters as keyword arguments, and implement
     `encode` and the classmethod `decode`. `encodes_delta` marks codecs that only make sense
-    on model updates (sparsifiers): the sender then encodes new - reference."""
+    on model updates (sparsifiers): the sender then encodes new - reference. `contractive` marks
+    codecs whose error never exceeds what they were given (||x - C(x)|| <= ||x||): error feedback
+    needs one, or the residual it carries grows without bound."""
 
     name: ClassVar[str]
     encodes_delta: ClassVar[bool] = False
+    contractive: ClassVar[bool] = True
 
     def params(self) -> dict[str, Any]:
         return {}

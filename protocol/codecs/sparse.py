@@ -123,10 +123,13 @@ class Threshold(TopK):
 @register
 class RandomK(Codec):
     """Keep a seeded random subset of k = ceil(fraction*n) entries, scaled by n/k so the
-    decoded tensor is an unbiased estimate. Only the values and the seed travel."""
+    decoded tensor is an unbiased estimate. Only the values and the seed travel. Not contractive
+    (the kept entries are scaled by n/k): with error feedback the residual grows without bound
+    (to 6e9 in 50 rounds of a constant update), so the schema refuses that pairing."""
 
     name = "randomk"
     encodes_delta = True
+    contractive = False
 
     def __init__(self, fraction: float = 0.01):
         _check_fraction(fraction)
