@@ -14,7 +14,11 @@
   zCDP (Bun & Steinke 2016): a Gaussian release of sensitivity D and noise sigma is
   D^2 / (2 sigma^2)-zCDP, a pure epsilon-DP release (Laplace) is epsilon^2 / 2-zCDP, the rhos add
   up, and rho-zCDP implies (rho + 2 sqrt(rho ln(1/delta)), delta)-DP for every delta > 0;
-  RDP: each release's RDP curve (a rho-zCDP release has a * rho), added up order by order.
+  RDP: each release's RDP curve, added up order by order: a Gaussian release's a * rho, DP-SGD's
+  sampled curve, and a Laplace release's own curve (Mironov 2017, "Renyi Differential Privacy",
+  Proposition 6), which never exceeds its epsilon at any order (its zCDP bound a * epsilon^2 / 2
+  does, by far: 100 releases of epsilon 500 came to an RDP epsilon of 1.4e7 that way, against basic
+  composition's 5e4).
 """
 from __future__ import annotations
 
@@ -181,8 +185,21 @@ class Release:
         return self.rdp if self.rdp is not None else tuple(a * self.rho for a in ORDERS)
 
 
+def laplace_rdp(epsilon: float, orders: tuple[float, ...] = ORDERS) -> tuple[float, ...]:
+    """The RDP curve of the Laplace mechanism that is epsilon-DP (scale = sensitivity / epsilon),
+    Mironov 2017, Proposition 6: for a > 1,
+    1/(a-1) log( a/(2a-1) e^((a-1) eps) + (a-1)/(2a-1) e^(-a eps) ),
+    computed in logs (a release of epsilon 1e4 would overflow exp); at most epsilon at every order."""
+    curve = []
+    for a in orders:
+        first = math.log(a / (2.0 * a - 1.0)) + (a - 1.0) * epsilon
+        second = math.log((a - 1.0) / (2.0 * a - 1.0)) - a * epsilon
+        curve.append(min(epsilon, _log_add(first, second) / (a - 1.0)))
+    return tuple(curve)
+
+
 def laplace_release(what: str, epsilon: float) -> Release:
-    return Release(what, "laplace", epsilon, 0.0, epsilon**2 / 2.0)
+    return Release(what, "laplace", epsilon, 0.0, epsilon**2 / 2.0, laplace_rdp(epsilon))
 
 
 def gaussian_release(what: str, sigma: float, sensitivity: float, epsilon: float, delta: float) -> Release:

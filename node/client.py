@@ -296,7 +296,7 @@ class ClientActor(Checkpointable):
         result = step.result
         info["loss"], info["loss_rms"] = result.loss, result.loss_rms
         step.state, release = dp.privatize(step.state, result, local, rng, info)
-        if release is not None and release.rdp is not None:  # DP-SGD: its epsilon so far, with this round
+        if release is not None and release.mechanism == "dpsgd":  # DP-SGD: its epsilon so far, with this round
             spent = self._spent_with(release)
             info["dp_epsilon_total"] = accounting.rdp_epsilon(spent, self.cfg.privacy.accounting_delta)[0]
         return step, release

@@ -80,3 +80,22 @@ def test_a_ledger_summarised_after_every_round_composes_only_the_clients_with_ne
     monkeypatch.undo()
     assert second == ledger_summary(ledger, 1e-5)
     assert second["per_client"]["c1"]["releases"] == 2 and second["max_basic_epsilon"] == 4.0
+
+
+def test_a_laplace_release_has_mironovs_rdp_curve_never_above_its_epsilon():
+    """Issue 43, item 3: Mironov 2017, Prop. 6, by hand at order 2; at most epsilon at every order,
+    also where exp would overflow; and 100 releases compose below basic composition (the zCDP
+    conversion gave 1.4e7 for 100 releases of epsilon 500)."""
+    from node.accounting import ORDERS, laplace_rdp
+
+    eps = 1.0
+    by_hand = math.log(2 / 3 * math.exp(eps) + 1 / 3 * math.exp(-2 * eps))  # order 2: 1/(2-1) log(...)
+    assert laplace_rdp(eps, (2.0,))[0] == pytest.approx(by_hand, rel=1e-12) == pytest.approx(0.61912, abs=1e-5)
+    for eps in (0.1, 1.0, 50.0, 500.0, 1e4):
+        curve = laplace_rdp(eps)
+        assert len(curve) == len(ORDERS) and all(0 < r <= eps for r in curve)
+        assert list(curve) == sorted(curve)  # RDP grows with the order
+    for eps in (1.0, 500.0):
+        total = compose([laplace_release("update", eps)] * 100, 1e-5)
+        assert total["rdp"]["epsilon"] < total["basic"]["epsilon"] == pytest.approx(100 * eps)
+    assert compose([laplace_release("update", 500.0)] * 100, 1e-5)["rdp"]["epsilon"] < 5.1e4
