@@ -65,8 +65,8 @@ def test_cubic_is_the_registered_default():
     assert CONGESTION_CONTROLS.get("cubic") is Cubic
     assert isinstance(TcpTransport().cc, Cubic)
     assert CONGESTION_CONTROLS.get("emulator.flows.congestion:Cubic") is Cubic  # by import path too
-    with pytest.raises(PluginError, match="no congestion control named 'reno'"):
-        CONGESTION_CONTROLS.get("reno")
+    with pytest.raises(PluginError, match="no congestion control named 'vegas'"):
+        CONGESTION_CONTROLS.get("vegas")
     with pytest.raises(PluginError, match="not a subclass of emulator.flows.congestion.CongestionControl"):
         CONGESTION_CONTROLS.get("emulator.flows.links:FlowModel")
 
@@ -107,3 +107,55 @@ def test_a_scenario_names_its_congestion_control():
     assert type(TcpTransport(params).cc) is Cubic
     with pytest.raises(ScenarioError, match=r"network\.tcp\.congestion_control: no congestion control named 'bbr'"):
         load_scenario(smoke, ["network.tcp.congestion_control=bbr"])
+    assert _tcp_params(load_scenario(smoke, ["network.tcp.congestion_control=reno"])[0]).congestion_control == "reno"
+
+
+def test_reno_halves_on_loss_and_regrows_one_segment_per_rtt(rebalance):
+    """Reno, the second registered congestion control: no queue, so slow start leaves at the
+    window of the round that outlasted the RTT (80 segments: the BDP is 67); a loss at the 500th
+    segment halves it to 40 (CUBIC would keep 0.7 of it); then the window grows by one segment per
+    RTT, in rate steps on whole RTTs each 5 % of growth, until it covers the path again."""
+    rtt = 0.1 + SEG / 8e6
+    fm = FlowModel({LINK: 8e6}, TcpTransport(TcpParams(congestion_control="reno")), queue_s={LINK: 0.0})
+    due = {fid: (t, v) for fid, t, v in fm.add("f", 3000 * SEG, [LINK], connection="c", rtt=0.1, seg_bits=SEG,
+                                                 loss=0.01, rng=_Draws())}
+    steps = []
+    while True:
+        t, _ = due["f"]
+        fm.advance(t)
+        finished, changed = fm.fire("f")
+        if finished:
+            break
+        due.update({f: (tt, vv) for f, tt, vv in changed})
+        steps.append((t, fm.flows["f"].rate, fm.flows["f"].tcp.conn.cwnd))
+    loss_at = next(i for i in range(1, len(steps)) if steps[i][2] < steps[i - 1][2])
+    t_loss, rate_after, w_after = steps[loss_at]
+    assert steps[loss_at - 1][2] == 80 and w_after == pytest.approx(40)
+    assert rate_after == pytest.approx(40 * SEG / rtt)
+    assert fm.transport.connections["c"].ssthresh == pytest.approx(40)
+    # the first step keeps 40 until the window is 5 % larger: 2 segments, 2 RTTs on (1 a RTT)
+    regrowth = steps[loss_at:]
+    assert regrowth[1][0] == pytest.approx(t_loss + 2 * rtt, abs=1e-9)
+    # each later step sends with the mean of the line 40 + (t - t_loss) / RTT at its two ends
+    line = lambda t: 40 + (t - t_loss) / rtt  # noqa: E731
+    checked = 0
+    for (t0, rate, w), (t1, _, _) in zip(regrowth[1:], regrowth[2:]):
+        if rate >= 8e6:
+            break
+        assert w == pytest.approx((line(t0) + line(t1)) / 2, rel=1e-9)
+        checked += 1
+    assert checked >= 3
+    assert regrowth[-1][1] == 8e6
+
+
+class _Draws:
+    """The 500th segment is lost, nothing else (as tests/test_transport.py's Draws)."""
+
+    def __init__(self):
+        self.gaps = [500]
+
+    def geometric(self, p):
+        return self.gaps.pop(0) if self.gaps else 10**12
+
+    def random(self):
+        return 1.0

@@ -9,7 +9,8 @@ user-space delay line that owns one TUN device on each side and forwards every I
 the one-way delay, dropping A->B packets at random with the given loss (seeded). `tbf` on A's TUN
 egress sets the rate, and its `latency` the bottleneck queue. (`--medium veth` joins them by a veth
 pair instead, for the no-delay, loss-free cross-check of the delay line.) Both ends use CUBIC,
-Linux's default, whatever this host's default is.
+Linux's default, whatever this host's default is, or the congestion control --cc names (the model
+then runs its own of that name: cubic or reno).
 
 Each case sends a payload from A to B, over a fresh TCP connection per repetition (`tcp` path;
 the 8-byte length header goes with the payload) or over one ZeroMQ REQ/REP connection (`zmq`), and
@@ -385,7 +386,12 @@ def main() -> int:
         args.lossless_queues_ms, args.lossy_queues_ms, args.idle_s = GRID["lossless_queue_ms"], GRID["lossy_queues_ms"], GRID["idle_s"]
 
     framing = TUN_FRAMING if args.medium == "tun" else VETH_FRAMING
-    params = TcpParams()
+    from emulator.flows.congestion import CONGESTION_CONTROLS  # noqa: PLC0415
+
+    if args.cc not in CONGESTION_CONTROLS.classes:
+        print(f"error: the emulator has no model of {args.cc!r} (it has {', '.join(sorted(CONGESTION_CONTROLS.classes))})")
+        return 2
+    params = TcpParams(congestion_control=args.cc)  # the model runs the congestion control the kernel runs
     if args.replay:
         return replay(args.replay, args, framing, params)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the namespaces are removed

@@ -138,8 +138,40 @@ class CubicState:
 CONGESTION_CONTROLS = Registry("congestion control", CongestionControl)
 
 
+class GrowingWindow(CongestionControl):
+    """A congestion control whose window grows along a curve, window(st, now, rtt), from the window
+    it had when an epoch began (conn.cc.origin at conn.cc.epoch), while the window limits the flow
+    (Linux grows it only then), as rate steps: the next step is the first RTT boundary where the
+    window has grown by `growth_step` (at most 64 RTTs on), and until then the flow sends with the
+    mean of the window at both ends of the step, so the bits it moves match the curve's to second
+    order. It overshoots what covers the path by at most one step."""
+
+    def on_window_limited(self, st: Any, now: float) -> None:
+        """Growth resumes from here; the rate was just set from the window as it is, so the first
+        step keeps it."""
+        cc = st.conn.cc
+        cc.epoch = now
+        cc.origin = st.conn.cwnd
+        self.growth_step(st, now, mean=False)
+
+    def on_ca_round(self, st: Any, now: float) -> None:
+        self.growth_step(st, now)
+
+    def growth_step(self, st: Any, now: float, mean: bool = True) -> None:
+        conn = st.conn
+        rwnd = receive_window(self.p, st.mss)
+        rtt = st.rtt  # the queues do not move during this call
+        start = max(conn.cwnd, min(self.window(st, now, rtt), rwnd)) if now > conn.cc.epoch else conn.cwnd
+        end, k = start, 0
+        while k < 64 and end < start * (1 + self.p.growth_step) and end < rwnd:
+            k += 1
+            end = min(self.window(st, now + k * rtt, rtt), rwnd)
+        conn.cwnd = max(start, (start + end) / 2) if mean else start
+        st.round_end = now + max(1, k) * rtt
+
+
 @CONGESTION_CONTROLS.register("cubic")
-class Cubic(CongestionControl):
+class Cubic(GrowingWindow):
     """Linux CUBIC (RFC 9438) with HyStart's ACK-train test, as rate steps: congestion avoidance
     follows W(t) = C (t - K)^3 + W_max with its TCP-friendly floor, capped at the receive window; a
     window-limited flow's rate steps on whole RTTs each time the window has grown by `growth_step`;
@@ -183,37 +215,43 @@ class Cubic(CongestionControl):
         cc = conn.cc
         return cubic_window(now - cc.epoch, cc.w_max, cc.origin, rtt, self.p.cubic_c, self.p.beta)
 
-    def on_window_limited(self, st: Any, now: float) -> None:
-        """Growth resumes from here (Linux: only while cwnd-limited); the rate was just set from the
-        window as it is, so the first step keeps it."""
-        cc = st.conn.cc
-        cc.epoch = now
-        cc.origin = st.conn.cwnd
-        self.growth_step(st, now, mean=False)
-
-    def on_ca_round(self, st: Any, now: float) -> None:
-        self.growth_step(st, now)
-
-    def growth_step(self, st: Any, now: float, mean: bool = True) -> None:
-        """CUBIC's growth of a window-limited flow as rate steps: the next step is the first RTT
-        boundary where the window has grown by `growth_step` (at most 64 RTTs on), and until then
-        the flow sends with the mean of the window at both ends of the step, so the bits it moves
-        match the curve's to second order. It grows only while it limits the flow, so it overshoots
-        what covers the path by at most one step."""
-        conn = st.conn
-        rwnd = receive_window(self.p, st.mss)
-        rtt = st.rtt  # the queues do not move during this call
-        start = max(conn.cwnd, min(self.window(st, now, rtt), rwnd)) if now > conn.cc.epoch else conn.cwnd
-        end, k = start, 0
-        while k < 64 and end < start * (1 + self.p.growth_step) and end < rwnd:
-            k += 1
-            end = min(self.window(st, now + k * rtt, rtt), rwnd)
-        conn.cwnd = max(start, (start + end) / 2) if mean else start
-        st.round_end = now + max(1, k) * rtt
-
     def on_loss(self, st: Any, now: float, cwnd: float) -> float:
         cc = st.conn.cc
         new, cc.w_max = after_loss(cwnd, cc.w_max, self.p.beta)
         cc.origin = new
         cc.epoch = now
+        return new
+
+
+@dataclass(slots=True)
+class RenoState:
+    """Reno's per-connection state: where the current epoch of linear growth began."""
+
+    origin: float = 0.0
+    epoch: float = 0.0
+
+
+@CONGESTION_CONTROLS.register("reno")
+class Reno(GrowingWindow):
+    """Linux Reno (tcp_reno_cong_avoid with ABC and delayed ACKs): the base's slow start (no
+    HyStart: that is CUBIC's), then one segment more per RTT while the window limits the flow, and
+    half the window on a loss (ssthresh = max(cwnd / 2, 2)). No pacing."""
+
+    def new_state(self) -> RenoState:
+        return RenoState()
+
+    def on_ca_start(self, st: Any, now: float) -> None:
+        st.conn.cc.origin = st.conn.cwnd
+        st.conn.cc.epoch = now
+
+    def window(self, st: Any, now: float, rtt: float) -> float:
+        conn = st.conn
+        if st.phase != "ca":
+            return conn.cwnd
+        return conn.cc.origin + max(0.0, now - conn.cc.epoch) / rtt if rtt > 0 else conn.cwnd
+
+    def on_loss(self, st: Any, now: float, cwnd: float) -> float:
+        new = max(2.0, cwnd / 2.0)
+        st.conn.cc.origin = new
+        st.conn.cc.epoch = now
         return new
