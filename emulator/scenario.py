@@ -695,7 +695,7 @@ class Run(Strict):
 class Scenario(Strict):
     name: str = "scenario"
     profiles: Optional[str] = Field(None, description="device/link profile library; default scenarios/profiles.yaml")
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="the run's seed: every random draw of the world and the run derives from it")
     rounds: int = Field(ge=1)
     clock: Clock = Field(default_factory=Clock)
     task: Task
@@ -911,6 +911,8 @@ def _resolve_profiles(raw: dict, scenario_path: Path) -> None:
     lib = load_profiles(lib_path)
     for section, i, entry in wanted:
         name = entry["profile"]
+        if not isinstance(name, str):
+            raise ScenarioError(f"population.{section}[{i}].profile: a profile's name, got {name!r}")
         known = lib.get(section) or {}
         if name not in known:
             raise ScenarioError(f"population.{section}[{i}].profile: unknown profile {name!r} in {lib_path} "
