@@ -78,6 +78,10 @@ class View:
         self.out = out if out is not None else sys.stdout
         self.t0 = time.monotonic()
         self.current = RoundProgress()
+        # transfers of rounds after the current one, seen before the current one's row: the next
+        # round's tasks leave as soon as the server has aggregated, and their records can reach the
+        # conductor before the server's round report does (they travel by different processes)
+        self.ahead: dict[int, RoundProgress] = {}
         self.done = 0
         self.last_row: dict[str, Any] | None = None
         self.last_incident: str | None = None
@@ -89,12 +93,21 @@ class View:
         return (time.monotonic() - self.t0) / self.done * max(0, self.rounds - self.done)
 
     def transfer(self, rec: dict[str, Any]) -> None:
+        later = rec.get("round")
+        if isinstance(later, int) and later > self.current.round:
+            self.ahead.setdefault(later, RoundProgress(round=later)).transfer(rec)
+            self.current.t = max(self.current.t, float(rec.get("t_end") or 0.0))
+            return
         self.current.transfer(rec)
 
     def round(self, row: dict[str, Any], lag: dict | None = None) -> None:
         self.done += 1
         self.last_row, self.lag = row, lag or self.lag
-        self.current = RoundProgress(round=row["round"] + 1, t=row["t_end"])
+        following = row["round"] + 1
+        current = self.ahead.pop(following, None) or RoundProgress(round=following)
+        current.t = max(current.t, row["t_end"])
+        self.ahead = {r: p for r, p in self.ahead.items() if r > following}
+        self.current = current
         self.show_round(row)
 
     def note(self, text: str) -> None:

@@ -46,6 +46,27 @@ def test_the_round_in_progress_is_counted_from_finished_transfers():
     assert fmt_duration(3725) == "1h02m05s" and fmt_duration(65) == "1m05s" and fmt_duration(None) == "?"
 
 
+def test_the_next_rounds_tasks_seen_before_this_rounds_row_count_for_the_next_round():
+    """Issue 45: smoke's round 2 showed `asked 0 answered 2` and `down 0 B`. The next round's tasks
+    leave as the server aggregates, and their records can reach the conductor before its round
+    report: they count for the next round, whenever they come."""
+    import io
+
+    from emulator.progress import View
+
+    view = View(3, out=io.StringIO())
+    view.transfer(transfer("task", 0, "server", "c0"))
+    view.transfer(transfer("update", 0, "c0", "server", payload=40, t_end=2.0))
+    view.transfer(transfer("task", 1, "server", "c1", t_end=2.5))  # round 1's, before round 0's row
+    view.transfer(transfer("task", 1, "server", "c2", t_end=2.6))
+    assert (view.current.round, view.current.asked, view.current.answered) == (0, 1, 1)
+    view.round({"round": 0, "t_start": 0.0, "t_end": 2.0, "completed": 1, "selected": 1, "failed": 0,
+                "payload_bytes_down": 100, "payload_bytes_up": 40})
+    assert (view.current.round, view.current.asked, view.current.bytes_down, view.current.t) == (1, 2, 200, 2.6)
+    view.transfer(transfer("update", 1, "c1", "server", payload=40, t_end=4.0))
+    assert (view.current.asked, view.current.answered, view.current.bytes_up) == (2, 1, 40)
+
+
 def test_json_progress_is_one_object_per_line_and_quiet_is_quiet(tmp_path):
     path = write_scenario(tmp_path / "s.yaml", SMALL)
     res = run_cli("run", str(path), "--out", str(tmp_path / "j"), "--json-progress")
