@@ -110,7 +110,8 @@ class RunWriter:
     def privacy_release(self, rep: dict) -> None:
         rdp = rep.get("rdp")
         self.releases[rep["actor"]].append(Release(rep["what"], rep["mechanism"], rep["epsilon"], rep["delta"], rep["rho"],
-                                                   tuple(rdp) if rdp else None))
+                                                   tuple(rdp) if rdp else None, rep.get("guarantee", "proven"),
+                                                   rep.get("adjacency", "substitution")))
 
     def transfer(self, rec: dict) -> None:
         self._transfers.writerow(rec)

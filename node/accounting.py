@@ -170,16 +170,26 @@ def rdp_epsilon(rdp: Iterable[float], delta: float, orders: tuple[float, ...] = 
     return best
 
 
+GUARANTEES = ("proven", "heuristic")
+ADJACENCIES = ("add_remove", "zero_out", "substitution")
+
+
 @dataclass(frozen=True)
 class Release:
     """One noised message a client sent: its own (epsilon, delta), its zCDP rho and, where it is
-    tighter than a * rho (DP-SGD with sampling), its RDP curve at ORDERS."""
+    tighter than a * rho (DP-SGD with sampling, Laplace), its RDP curve at ORDERS. `guarantee`:
+    proven where the noise is calibrated to a proven sensitivity, heuristic where it is calibrated
+    to an estimate (the core paper's Laplace and Gaussian: an estimated Lipschitz constant, clipping
+    of the batch mean); `adjacency`: the neighbouring datasets the figures are about (one record
+    added or removed, zeroed out, or replaced)."""
     what: str  # e.g. "update", "statistics"
     mechanism: str  # laplace | gaussian | dpsgd
     epsilon: float
     delta: float
     rho: float
     rdp: tuple[float, ...] | None = None
+    guarantee: str = "proven"
+    adjacency: str = "substitution"
 
     def rdp_curve(self) -> tuple[float, ...]:
         return self.rdp if self.rdp is not None else tuple(a * self.rho for a in ORDERS)
@@ -198,13 +208,14 @@ def laplace_rdp(epsilon: float, orders: tuple[float, ...] = ORDERS) -> tuple[flo
     return tuple(curve)
 
 
-def laplace_release(what: str, epsilon: float) -> Release:
-    return Release(what, "laplace", epsilon, 0.0, epsilon**2 / 2.0, laplace_rdp(epsilon))
+def laplace_release(what: str, epsilon: float, guarantee: str = "proven", adjacency: str = "substitution") -> Release:
+    return Release(what, "laplace", epsilon, 0.0, epsilon**2 / 2.0, laplace_rdp(epsilon), guarantee, adjacency)
 
 
-def gaussian_release(what: str, sigma: float, sensitivity: float, epsilon: float, delta: float) -> Release:
+def gaussian_release(what: str, sigma: float, sensitivity: float, epsilon: float, delta: float,
+                     guarantee: str = "proven", adjacency: str = "substitution") -> Release:
     rho = 0.0 if sensitivity <= 0 else math.inf if sigma <= 0 else sensitivity**2 / (2.0 * sigma**2)
-    return Release(what, "gaussian", epsilon, delta, rho)
+    return Release(what, "gaussian", epsilon, delta, rho, None, guarantee, adjacency)
 
 
 def zcdp_epsilon(rho: float, delta: float) -> float:
@@ -236,15 +247,29 @@ def ledger_summary(releases: dict[str, list[Release]], delta: float,
     for name, rs in sorted(releases.items()):
         known = composed.get(name) if composed is not None else None
         if known is None or known[0] != len(rs):
-            known = (len(rs), compose(rs, delta))
+            known = (len(rs), _client_ledger(rs, delta))
             if composed is not None:
                 composed[name] = known
         per_client[name] = known[1]
-    worst = lambda path: max((c[path[0]][path[1]] for c in per_client.values()), default=0.0)  # noqa: E731
     return {
         "accounting_delta": delta,
         "clients": len(per_client),
-        "max_basic_epsilon": worst(("basic", "epsilon")), "max_basic_delta": worst(("basic", "delta")),
-        "max_zcdp_epsilon": worst(("zcdp", "epsilon")), "max_rdp_epsilon": worst(("rdp", "epsilon")),
+        # the guarantee: proven releases only (a heuristic one never enters these)
+        **_worst(per_client, "proven"),
+        "heuristic": _worst(per_client, "heuristic"),
+        "adjacency": sorted({a for c in per_client.values() for a in c["adjacency"]}),
         "per_client": per_client,
     }
+
+
+def _client_ledger(releases: list[Release], delta: float) -> dict:
+    """One client's totals: all its releases (as they were), and its proven and heuristic ones apart."""
+    return {**compose(releases, delta),
+            **{kind: compose([r for r in releases if r.guarantee == kind], delta) for kind in GUARANTEES},
+            "adjacency": sorted({r.adjacency for r in releases})}
+
+
+def _worst(per_client: dict, kind: str) -> dict:
+    worst = lambda path: max((c[kind][path[0]][path[1]] for c in per_client.values()), default=0.0)  # noqa: E731
+    return {"max_basic_epsilon": worst(("basic", "epsilon")), "max_basic_delta": worst(("basic", "delta")),
+            "max_zcdp_epsilon": worst(("zcdp", "epsilon")), "max_rdp_epsilon": worst(("rdp", "epsilon"))}

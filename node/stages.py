@@ -48,8 +48,10 @@ class LocalDP:
         scale = noise_scale(p.mechanism, sens, p.factor, p.epsilon, p.delta)
         info.update(lipschitz=result.lipschitz, sensitivity=sens, noise_scale=scale)
         per_round = p.epsilon / p.factor  # Eq. 1.11 spends epsilon / c_T each round (with the estimated sensitivity)
-        release = accounting.laplace_release("update", per_round) if p.mechanism == "laplace" else \
-            accounting.gaussian_release("update", scale, sens, per_round, p.delta)
+        # heuristic: the sensitivity is Eq. 1.10's, from an estimated Lipschitz constant and the batch
+        # mean's clipping, not a bound on what one record can change
+        release = accounting.laplace_release("update", per_round, "heuristic") if p.mechanism == "laplace" else \
+            accounting.gaussian_release("update", scale, sens, per_round, p.delta, "heuristic")
         return add_noise(state, p.mechanism, scale, rng), release
 
 
@@ -79,7 +81,10 @@ class DpSgdStage:
             rdp = tuple(a * rho for a in accounting.ORDERS)
         epsilon, _ = accounting.rdp_epsilon(rdp, p.accounting_delta)
         info.update(noise_multiplier=sigma, dp_epsilon=epsilon)
-        return state, accounting.Release("update", "dpsgd", epsilon, p.accounting_delta, rho, rdp)
+        # Poisson sampling's bound is about one record added or removed; shuffled fixed batches are
+        # accounted for a record zeroed out (its batch keeps its size)
+        adjacency = "add_remove" if p.sampling == "poisson" else "zero_out"
+        return state, accounting.Release("update", "dpsgd", epsilon, p.accounting_delta, rho, rdp, "proven", adjacency)
 
 
 def privacy_stage(privacy: Privacy) -> "LocalDP | DpSgdStage":

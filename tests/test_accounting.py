@@ -71,8 +71,8 @@ def test_a_ledger_summarised_after_every_round_composes_only_the_clients_with_ne
     first = ledger_summary(ledger, 1e-5, cache)
     assert first == ledger_summary(ledger, 1e-5)
     calls = []
-    real = accounting.compose
-    monkeypatch.setattr(accounting, "compose", lambda rs, delta: calls.append(len(rs)) or real(rs, delta))
+    real = accounting._client_ledger  # each client's totals (all, proven and heuristic), composed at once
+    monkeypatch.setattr(accounting, "_client_ledger", lambda rs, delta: calls.append(len(rs)) or real(rs, delta))
     ledger["c1"].append(laplace_release("update", 0.5))
     ledger["c2"] = [laplace_release("update", 4.0)]
     second = ledger_summary(ledger, 1e-5, cache)
@@ -99,3 +99,18 @@ def test_a_laplace_release_has_mironovs_rdp_curve_never_above_its_epsilon():
         total = compose([laplace_release("update", eps)] * 100, 1e-5)
         assert total["rdp"]["epsilon"] < total["basic"]["epsilon"] == pytest.approx(100 * eps)
     assert compose([laplace_release("update", 500.0)] * 100, 1e-5)["rdp"]["epsilon"] < 5.1e4
+
+
+def test_proven_and_heuristic_releases_are_summed_apart():
+    """Issue 43, item 3: the ledger's top-level figures are the proven releases' only; the core paper's
+    Laplace (calibrated to an estimate) is heuristic and reported apart, with each release's adjacency."""
+    core = laplace_release("update", 100.0, "heuristic")
+    proven = gaussian_release("update", 2.0, 1.0, 0.5, 1e-6)
+    ledger = ledger_summary({"c0": [core, core, proven], "c1": [core]}, 1e-5)
+    assert ledger["max_basic_epsilon"] == pytest.approx(0.5)  # c0's one proven release
+    assert ledger["heuristic"]["max_basic_epsilon"] == pytest.approx(200.0)
+    c0 = ledger["per_client"]["c0"]
+    assert c0["proven"]["releases"] == 1 and c0["heuristic"]["releases"] == 2 and c0["releases"] == 3
+    assert c0["basic"]["epsilon"] == pytest.approx(200.5)  # all of them, as before, per client
+    assert ledger["adjacency"] == ["substitution"]
+    assert ledger_summary({"c1": [core]}, 1e-5)["max_rdp_epsilon"] == 0.0  # nothing proven, nothing claimed
