@@ -408,6 +408,9 @@ class Quantization(Strict):
     b_min: int = Field(8, ge=2, le=32)
     b_max: int = Field(32, ge=2, le=32)
     lambda_h: float = Field(0.5, ge=0, le=1, description="entropy weight of Eq. 1.7 (released script 0.5; paper text 0.75)")
+    horizon: Optional[int] = Field(
+        None, ge=1, description="the T of the cosine schedule (Eq. 1.5); null: rounds. A short run with the study's "
+                                "horizon is a prefix of it, not the whole schedule squeezed")
 
     rules = (Ordered("b_min", "b_max"),)
 
@@ -425,6 +428,9 @@ class PrivacySpec(Strict):
         "poisson", description="dpsgd: poisson (each sample in each step with probability B/n, what the RDP accountant "
                                "assumes) or shuffle (fixed batches; accounted without sampling amplification)")
     noise_factor: Literal["code", "paper"] = Field("code", description="c_T of Eq. 1.11: code (T/E)(P/N), paper T/P")
+    horizon: Optional[int] = Field(
+        None, ge=1, description="the T of c_T (Eq. 1.11: each round spends epsilon / c_T); null: rounds. A short run with "
+                                "the study's horizon spends per round what the whole study would")
     accounting_delta: float = Field(
         1e-5, gt=0, lt=1, description="the delta at which summary.json converts each client's composed zCDP to (epsilon, delta)")
 

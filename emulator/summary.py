@@ -25,8 +25,14 @@ class Summary(dict):
     # ---- the conductor: the run as it starts ----------------------------------------------------
     def describe_run(self, sc: Any, privacy: Any, codec_time: dict | None, topology_entries: dict[str, Any]) -> None:
         """The privacy mechanism, the topology (and what it adds), the measured codec times, the clock."""
-        self["privacy"] = {"mechanism": privacy.mechanism, "epsilon": None if privacy.epsilon == float("inf") else privacy.epsilon,
-                           "delta": privacy.delta, "clip": privacy.clip, "noise_factor_c_T": privacy.factor}
+        epsilon = None if privacy.epsilon == float("inf") else privacy.epsilon
+        core = privacy.mechanism in ("laplace", "gaussian")
+        self["privacy"] = {"mechanism": privacy.mechanism, "epsilon": epsilon, "delta": privacy.delta, "clip": privacy.clip,
+                           "noise_factor_c_T": privacy.factor,
+                           "horizon": sc.algorithm.privacy.horizon or sc.rounds,  # the T of c_T
+                           "epsilon_per_release": epsilon / privacy.factor if core and epsilon and privacy.factor else None}
+        q = sc.algorithm.quantization
+        self["quantization"] = {"schedule": q.schedule, "horizon": q.horizon or sc.rounds}  # the T of the cosine
         self["topology"] = sc.topology
         if codec_time is not None:
             self["codec_time"] = codec_time

@@ -318,7 +318,7 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
     tensor_names = list(task.build().state_dict())
     strategy = _strategy(sc)
     q = alg.quantization
-    schedule = BitSchedule(q.schedule, sc.rounds, q.b_min, q.b_max)
+    schedule = BitSchedule(q.schedule, q.horizon or sc.rounds, q.b_min, q.b_max)
     server = ServerConfig(
         rounds=sc.rounds, clients_per_round=per_round, epochs=alg.local_epochs,
         batch_size=alg.batch_size, lr=alg.lr, down_codec=alg.codec.down.build(), seed=sc.seed,
@@ -335,7 +335,7 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
     )
     dp = alg.privacy
     privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
-                      noise_factor(dp.noise_factor, sc.rounds, alg.local_epochs, per_round, n),
+                      noise_factor(dp.noise_factor, dp.horizon or sc.rounds, alg.local_epochs, per_round, n),
                       dp.noise_multiplier or 0.0, dp.sampling, dp.accounting_delta)
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
