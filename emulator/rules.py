@@ -312,6 +312,17 @@ FLOWER = Fits(
 ALGORITHMS = {"fibfl": FIBFL, "flower": FLOWER}  # algorithms that are not strategies of ours
 
 
+def selector_fits(sc) -> Fits:
+    """A selection policy that selects on statistics of the clients' private data, which no DP
+    mechanism of the run noises, voids the mechanism's guarantee: it runs without DP only."""
+    cls = selector_class(sc.selection.policy)
+    if not cls.private_statistics:
+        return Fits(who=f"selection.policy {sc.selection.policy}")
+    return Fits(who=f"selection.policy {sc.selection.policy}", privacy=("none",),
+                privacy_why=f"it selects on {cls.private_statistics}, which no DP mechanism noises: with one, the "
+                            f"selection would leak what the mechanism protects")
+
+
 def algorithm_fits(sc) -> Fits:
     name = sc.algorithm.name
     return ALGORITHMS[name] if name in ALGORITHMS else strategy_fits(name, sc)

@@ -23,7 +23,7 @@ from node.strategies.fedalign import FedAlign
 
 from .flows.congestion import CONGESTION_CONTROLS
 from .rules import (FeedbackNeedsContraction, Fits, Needs, OneOf, OnlyWhen, Ordered, OwnOptions, SectionRefusal,
-                    algorithm_fits, check_section, scenario_refusals)
+                    algorithm_fits, check_section, scenario_refusals, selector_fits)
 from .topology import TOPOLOGIES
 
 
@@ -762,7 +762,7 @@ class Scenario(Strict):
 
     def parts(self) -> list[Fits]:
         return [TOPOLOGIES[self.topology].fits(self), algorithm_fits(self), self.clock.fits(self),
-                _model_fits(self.task.model)]
+                _model_fits(self.task.model), selector_fits(self)]
 
     @model_validator(mode="after")
     def _downloads_keep_no_error_feedback(self):

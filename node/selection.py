@@ -42,6 +42,8 @@ class Selector:
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that outlive a round (checkpointed)
     rounds_only: ClassVar[bool] = False  # True: it scores the clients of synchronous rounds (not for FedBuff)
     filters_only: ClassVar[bool] = False  # True: it only says who is eligible (a Flower strategy samples itself)
+    # what it selects on that a client's private data determine, unnoised (a DP mechanism does not cover it); "" none
+    private_statistics: ClassVar[str] = ""
 
     def __init__(self, options: SelectorOptions | Mapping[str, Any] | None = None):
         self.options = options if isinstance(options, self.Options) else self.Options.model_validate(dict(options or {}))
@@ -118,6 +120,7 @@ class Fastest(Selector):
 
 @register_selector("oort")
 class Oort(Selector):
+    private_statistics = "the clients' exact training-loss statistics (the RMS of per-sample losses)"
     """Oort (Lai et al., OSDI 2021): node/oort.py's utility, staleness bonus, pacer and exploration."""
     rounds_only = True
     STATE = ("oort",)

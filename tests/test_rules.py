@@ -83,7 +83,8 @@ def test_a_strategy_that_keeps_late_updates_needs_a_deadline_and_no_closing_noti
 def test_every_part_is_asked_and_each_refusal_names_its_key():
     sc, _ = load_scenario(SMOKE)
     parts = sc.parts()
-    assert [p.who for p in parts] == ["topology star", "fedavg", "clock.mode virtual", "task.model mnist_cnn"]
+    assert [p.who for p in parts] == ["topology star", "fedavg", "clock.mode virtual", "task.model mnist_cnn",
+                                      "selection.policy random"]
     strict = Fits(who="a test part", checkpoints="no checkpoints here", codec_time="no codec time here",
                   privacy=("gaussian",))
     sc.run.checkpoint_every = 1
@@ -91,3 +92,17 @@ def test_every_part_is_asked_and_each_refusal_names_its_key():
         "algorithm.privacy.mechanism: a test part works with gaussian, not none",
         "run.checkpoint_every: no checkpoints here"]
     assert strategy_fits("fedbuff", sc).checkpoints.startswith("a fedbuff run always has clients training")
+
+
+@pytest.mark.parametrize("privacy", [
+    ["algorithm.privacy.mechanism=dpsgd", "algorithm.privacy.clip=1", "algorithm.privacy.noise_multiplier=1"],
+    ["algorithm.privacy.mechanism=laplace", "algorithm.privacy.epsilon=10", "algorithm.privacy.clip=1"],
+])
+def test_oort_selects_on_unnoised_private_statistics_so_it_runs_without_dp_only(privacy):
+    """Issue 43, item 1: Oort's utility is the clients' exact loss statistics; beside a DP mechanism
+    it would leak what the mechanism protects. Refused in one line; without DP it runs."""
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(SMOKE, ["selection.policy=oort", *privacy])
+    assert "algorithm.privacy.mechanism: selection.policy oort works with none" in str(err.value)
+    assert "exact training-loss statistics" in str(err.value) and len(str(err.value).splitlines()) == 1
+    load_scenario(SMOKE, ["selection.policy=oort"])
