@@ -415,6 +415,9 @@ class Quantization(Strict):
     rules = (Ordered("b_min", "b_max"),)
 
 
+DPSGD_COMPUTE_FACTOR = 5.6  # DP-SGD's per-sample gradients against plain SGD, the CNN on a 2-core CPU (README)
+
+
 class PrivacySpec(Strict):
     mechanism: Literal["none", "laplace", "gaussian", "dpsgd"] = Field(
         "none", description="laplace/gaussian: the core paper's noise on the weights after training; "
@@ -431,8 +434,18 @@ class PrivacySpec(Strict):
     horizon: Optional[int] = Field(
         None, ge=1, description="the T of c_T (Eq. 1.11: each round spends epsilon / c_T); null: rounds. A short run with "
                                 "the study's horizon spends per round what the whole study would")
+    compute_factor: Optional[float] = Field(
+        None, gt=0, description="a training session's modelled time under this mechanism relative to plain SGD; null: "
+                                f"{DPSGD_COMPUTE_FACTOR} for dpsgd (per-sample gradients of the CNN, measured on this project's "
+                                "2-core CPU: README 'DP-SGD beside the Laplace pipeline'), 1 otherwise")
     accounting_delta: float = Field(
         1e-5, gt=0, lt=1, description="the delta at which summary.json converts each client's composed zCDP to (epsilon, delta)")
+
+    @property
+    def resolved_compute_factor(self) -> float:
+        if self.compute_factor is not None:
+            return self.compute_factor
+        return DPSGD_COMPUTE_FACTOR if self.mechanism == "dpsgd" else 1.0
 
     rules = (
         Needs("mechanism", ("clip", "noise_multiplier"), values=("dpsgd",)),

@@ -30,7 +30,8 @@ class Summary(dict):
         self["privacy"] = {"mechanism": privacy.mechanism, "epsilon": epsilon, "delta": privacy.delta, "clip": privacy.clip,
                            "noise_factor_c_T": privacy.factor,
                            "horizon": sc.algorithm.privacy.horizon or sc.rounds,  # the T of c_T
-                           "epsilon_per_release": epsilon / privacy.factor if core and epsilon and privacy.factor else None}
+                           "epsilon_per_release": epsilon / privacy.factor if core and epsilon and privacy.factor else None,
+                           "compute_factor": privacy.compute_factor}  # its sessions' time relative to plain SGD
         q = sc.algorithm.quantization
         self["quantization"] = {"schedule": q.schedule, "horizon": q.horizon or sc.rounds}  # the T of the cosine
         self["topology"] = sc.topology

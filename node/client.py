@@ -270,7 +270,8 @@ class ClientActor(Checkpointable):
 
             return deliver
 
-        busy = self._full_speed_seconds(trained_on, local.epochs, local.batch_size)
+        # the mechanism's own cost: DP-SGD's per-sample gradients make a session several times longer
+        busy = self._full_speed_seconds(trained_on, local.epochs, local.batch_size) * self.cfg.privacy.compute_factor
         if self.cfg.codec_time is not None:
             busy += self.cfg.codec_time.seconds(body.get("bits"), bits, self.profile.ms_per_sample)
         return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work,

@@ -23,6 +23,7 @@ class Privacy:
     noise_multiplier: float = 0.0  # dpsgd: sigma (the noise std is sigma * clip)
     sampling: str = "poisson"  # dpsgd: poisson | shuffle
     accounting_delta: float = 1e-5  # the delta at which spent privacy is reported as epsilon
+    compute_factor: float = 1.0  # a session's modelled compute time under this mechanism, relative to plain SGD
 
     @property
     def clip_norm(self) -> float:
