@@ -100,11 +100,13 @@ def _hosts_option(value: str | None) -> int | None:
 @click.option("--ray-cpus-per-host", type=float, default=1.0, show_default=True, help="Ray resources of one host.")
 @click.option("--ray-gpus-per-host", type=float, default=0.0, show_default=True,
               help="Ray GPU share of one host (0.25: four hosts per GPU).")
+@click.option("--trace", "with_trace", is_flag=True, help="Also write RUN_DIR/trace.json (run.trace): the run as a "
+              "timeline for Perfetto UI or chrome://tracing.")
 @_progress_options
 @_log_option
 def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, remote_hosts: str | None, listen: str | None,
         keys: Path | None, launcher: str, ray_address: str | None, ray_cpus_per_host: float, ray_gpus_per_host: float,
-        quiet: bool, json_progress: bool, plain: bool) -> None:
+        with_trace: bool, quiet: bool, json_progress: bool, plain: bool) -> None:
     """Run SCENARIO and write its run directory. On a terminal a live panel shows the round in
     progress; elsewhere (logs, CI) one line per round."""
     from .conductor import run_scenario  # heavy imports only when running
@@ -116,7 +118,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, remote_hos
     placement = Placement("ray" if launcher == "ray" else "remote" if count is not None else "local", count, listen, keys,
                           ray_address, ray_cpus_per_host, ray_gpus_per_host)
     try:
-        sc, resolved = load_scenario(scenario, list(overrides))
+        sc, resolved = load_scenario(scenario, [*overrides, *(["run.trace=true"] if with_trace else [])])
         view = make_view(_view_mode(quiet, json_progress, plain), sc.rounds, _peer_traffic(sc), sc.clock.mode == "realtime")
         summary = run_scenario(sc, resolved, out, view, placement)
     except PlacementError as exc:
@@ -243,6 +245,19 @@ def compare_cmd(run_dirs: tuple[Path, ...], target: float | None, out: Path) -> 
     click.echo(markdown(rows), nl=False)
     csv_path, md_path = write(rows, out)
     click.echo(f"written: {csv_path} {md_path}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+def trace(run_dir: Path) -> None:
+    """Write RUN_DIR/trace.json: the run as a timeline for Perfetto UI or chrome://tracing (a track
+    per client with its check-ins, downloads, compute and uploads; the rounds; bytes in flight)."""
+    from .tracefile import write_trace
+
+    if not (run_dir / "clients.csv").exists():
+        click.echo(f"error: {run_dir}: not a run directory (no clients.csv)", err=True)
+        sys.exit(2)
+    click.echo(f"trace: {write_trace(run_dir)}")
 
 
 @main.command()

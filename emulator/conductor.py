@@ -30,6 +30,7 @@ from .network import network_main
 from .placement import (DEFAULT_SILENCE_S, Lobby, Placement, PlacementError, RemoteHost, network_listen, ray_hosts,
                         ray_node_address, world_fingerprint)
 from .topology import TOPOLOGIES, topology_of
+from .tracefile import write_trace
 from .progress import View
 from .reports import Reports
 from .results import RingRounds, RunWriter
@@ -327,6 +328,8 @@ class Conductor:
             run_dir=str(self.run_dir),
         )
         writer.close()
+        if self.sc.run.trace:
+            write_trace(self.run_dir)  # from the records just closed
         return summary
 
     # ---- hosts on other machines -------------------------------------------------------------

@@ -699,6 +699,8 @@ class Run(Strict):
     checkpoint_every: Optional[int] = Field(
         None, ge=1, description="write RUN_DIR/checkpoint after every this many rounds (at the round's end, when no "
                                 "client is still working); `python -m emulator resume RUN_DIR` continues from it")
+    trace: bool = Field(False, description="write RUN_DIR/trace.json at the end: the run as a timeline for Perfetto UI "
+                                           "or chrome://tracing (emulator/tracefile.py)")
     speculate: Optional[bool] = Field(None, description="removed: speculation saved under 10 % of the flagship's "
                                                          "wall time (docs/2026-12-06-house.md)")
 
