@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from node.accounting import Release, ledger_summary
-from .summary import Summary
+from .summary import Summary, mean_of
 
 SERVER = "server"
 
@@ -354,7 +354,7 @@ class RingRounds:
         return rows
 
     def _merge(self, index: int, reps: list[dict]) -> dict:
-        mean = lambda key: _mean(r.get(key) for r in reps)  # noqa: E731
+        mean = lambda key: mean_of(r.get(key) for r in reps)  # noqa: E731
         accuracies = [r.get("accuracy") for r in reps]
         return {
             "type": "round", "round": index, "account": "round",
@@ -362,7 +362,7 @@ class RingRounds:
             "selected": len(reps), "completed": len(reps), "failed": 0, "rejected": 0,
             "train_loss": mean("loss"), "train_accuracy": mean("train_accuracy"), "gamma": mean("gamma"),
             "timeouts": sum(r.get("timeouts", 0) for r in reps),
-            "accuracy": _mean(accuracies) if all(a is not None for a in accuracies) else None,
+            "accuracy": mean_of(accuracies) if all(a is not None for a in accuracies) else None,
             "test_loss": mean("test_loss"), "lag": max(reps, key=lambda r: r["t_end"]).get("lag"),
             "clients": [{"client": r["client"], "outcome": "ok", "samples": r.get("samples"), "loss": r.get("loss"),
                          "compute_start": r["t_start"], "compute_end": r.get("compute_end"),
@@ -370,10 +370,6 @@ class RingRounds:
                         for r in reps],
         }
 
-
-def _mean(values) -> float | None:
-    present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
 
 
 def fmt_bytes(n: float) -> str:

@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterable
 GIB = 2**30
 
 
-def _mean(values: Iterable[Any]) -> float | None:
+def mean_of(values: Iterable[Any]) -> float | None:
+    """The mean of the values that are not None (None when there are none)."""
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
 
@@ -137,9 +138,9 @@ class Summary(dict):
             "wire_bytes_down": total("wire_bytes_down"),
             "wasted_bytes": total("wasted_bytes"),
             "saving_vs_fp32": (1 - payload / fp32) if fp32 else None,
-            "mean_bits_down": _mean(r.get("bits_down") for r in rows),
-            "mean_bits_up": _mean(r.get("bits_up_mean") for r in rows),
-            "mean_noise_scale": _mean(r.get("noise_scale_mean") for r in rows),
+            "mean_bits_down": mean_of(r.get("bits_down") for r in rows),
+            "mean_bits_up": mean_of(r.get("bits_up_mean") for r in rows),
+            "mean_noise_scale": mean_of(r.get("noise_scale_mean") for r in rows),
             "privacy_spent": privacy_spent(),
             "client_outcomes": dict(outcomes),
             "client_updates_ok": total("completed"),

@@ -248,7 +248,7 @@ class LinkTraces:
         self.sc = sc
         root = sc.task.data_root or os.environ.get(datasets.ENV_DATA_ROOT)
         self.root = Path(root) if root else datasets.default_data_root()
-        self.read: dict[tuple, Trace] = {}
+        self.read: dict[TraceRef, Trace] = {}
 
     def files(self, spec, key: str) -> list[str]:
         patterns = [spec.files] if isinstance(spec.files, str) else list(spec.files)
@@ -272,13 +272,12 @@ class LinkTraces:
             pool = self.files(spec, key)
             path = pool[int(rng.integers(len(pool)))] if len(pool) > 1 else pool[0]
             ref = TraceRef(path, 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop)
-        cache_key = (ref.path, ref.format, ref.bin_s, ref.loop, ref.synthetic, ref.seed)
-        if cache_key not in self.read:
+        if ref.source not in self.read:
             try:
-                self.read[cache_key] = load_trace(ref)
+                self.read[ref.source] = load_trace(ref)
             except TraceError as exc:
                 raise ScenarioError(f"{key}: {exc}") from None
-        trace = self.read[cache_key]
+        trace = self.read[ref.source]
         offset = float(rng.uniform(0.0, trace.period)) if spec.offset == "random" else 0.0
         return dataclasses.replace(ref, offset_s=offset), trace.mean_bps
 

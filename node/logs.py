@@ -24,7 +24,8 @@ class _ProcessPrefix(logging.Filter):
         self.prefix = f"[{process}] "
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.prefixed = record.getMessage() if record.getMessage().startswith("[") else self.prefix + record.getMessage()
+        message = record.getMessage()
+        record.prefixed = message if message.startswith("[") else self.prefix + message
         return True
 
 

@@ -9,6 +9,7 @@ from emulator.flows.congestion import CONGESTION_CONTROLS, CongestionControl, Cu
 from emulator.flows.links import FlowModel, simulate
 from emulator.flows.transport import TcpParams, TcpTransport
 from node.plugins import PluginError
+from test_transport import Draws  # the 500th segment lost, as there
 
 SEG = 1514 * 8.0
 LINK = ("up", "a")
@@ -118,7 +119,7 @@ def test_reno_halves_on_loss_and_regrows_one_segment_per_rtt(rebalance):
     rtt = 0.1 + SEG / 8e6
     fm = FlowModel({LINK: 8e6}, TcpTransport(TcpParams(congestion_control="reno")), queue_s={LINK: 0.0})
     due = {fid: (t, v) for fid, t, v in fm.add("f", 3000 * SEG, [LINK], connection="c", rtt=0.1, seg_bits=SEG,
-                                                 loss=0.01, rng=_Draws())}
+                                                 loss=0.01, rng=Draws([500]))}
     steps = []
     while True:
         t, _ = due["f"]
@@ -146,16 +147,3 @@ def test_reno_halves_on_loss_and_regrows_one_segment_per_rtt(rebalance):
         checked += 1
     assert checked >= 3
     assert regrowth[-1][1] == 8e6
-
-
-class _Draws:
-    """The 500th segment is lost, nothing else (as tests/test_transport.py's Draws)."""
-
-    def __init__(self):
-        self.gaps = [500]
-
-    def geometric(self, p):
-        return self.gaps.pop(0) if self.gaps else 10**12
-
-    def random(self):
-        return 1.0

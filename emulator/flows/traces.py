@@ -16,6 +16,7 @@ in lockstep) and loops by default."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -93,6 +94,12 @@ class TraceRef:
     loop: bool = True
     synthetic: "SyntheticFades | None" = None  # generated (from `seed`) instead of read from `path`
     seed: tuple = ()
+
+    @property
+    def source(self) -> "TraceRef":
+        """What the trace is made from, whatever the offset it is read from: links that share a
+        source share one Trace."""
+        return dataclasses.replace(self, offset_s=0.0)
 
 
 def detect_format(lines: list[str]) -> str:
@@ -196,7 +203,7 @@ class TraceRates:
 
     def __init__(self, refs: dict[tuple[str, str], TraceRef]):
         self.refs = refs
-        self.cache: dict[tuple, Trace] = {}
+        self.cache: dict[TraceRef, Trace] = {}
         self.traces: dict[tuple[str, str], Trace] = {}
 
     def __contains__(self, link) -> bool:
@@ -206,10 +213,9 @@ class TraceRates:
         trace = self.traces.get(link)
         if trace is None:
             ref = self.refs[link]
-            key = (ref.path, ref.format, ref.bin_s, ref.loop, ref.synthetic, ref.seed)
-            if key not in self.cache:
-                self.cache[key] = load_trace(ref)
-            trace = self.traces[link] = self.cache[key]
+            if ref.source not in self.cache:
+                self.cache[ref.source] = load_trace(ref)
+            trace = self.traces[link] = self.cache[ref.source]
         return trace
 
     def rate(self, link, t: float) -> float:
