@@ -30,6 +30,7 @@ class Link:
     jitter_s: float = 0.0  # mean of an exponential extra delay per message
     loss: float = 0.0  # probability that a segment is lost and retransmitted
     queue_s: float = 0.1  # bottleneck buffer in seconds of the link's rate (tcp transport)
+    congestion_control: str | None = None  # what this actor sends with (tcp transport); None: network.tcp's
 
 
 @dataclass(frozen=True)

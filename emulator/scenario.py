@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.codecs import CodecError, make_codec
 from node.data import DATASETS
@@ -29,6 +29,15 @@ from .topology import TOPOLOGIES
 
 class ScenarioError(ValueError):
     """A scenario is invalid; str() is a complete, user-facing message."""
+
+
+def _registered_congestion_control(name: str) -> str:
+    CONGESTION_CONTROLS.get(name)  # a PluginError is a ValueError: one line naming the key
+    return name
+
+
+# a registered congestion control (emulator/flows/congestion.py) or package.module:Class
+CongestionControlName = Annotated[str, AfterValidator(_registered_congestion_control)]
 
 
 class Strict(BaseModel):
@@ -53,6 +62,9 @@ class DeviceMix(Strict):
     j_per_mb_up: float = Field(0.0, ge=0, description="radio energy per MB sent")
     j_per_mb_down: float = Field(0.0, ge=0, description="radio energy per MB received")
     battery_wh: Optional[float] = Field(None, gt=0, description="null: mains powered, never runs dry")
+    congestion_control: Optional[CongestionControlName] = Field(
+        None, description="what the device's uploads are sent with (tcp transport): cubic (Android's and iOS's default), "
+                          "bbr, reno or package.module:Class; null: network.tcp.congestion_control")
     battery_start: list[float] = Field(default_factory=lambda: [1.0, 1.0], min_length=2, max_length=2,
                                        description="initial charge, uniform in [low, high] (fractions)")
     idle_w: float = Field(0.0, ge=0, description="drain when not training")
@@ -264,6 +276,9 @@ class ServerLink(Strict):
     down_mbps: Optional[float] = Field(None, gt=0, description="null: unlimited")
     latency_ms: float = Field(0.0, ge=0)
     queue_ms: Optional[float] = Field(None, ge=0, description="its buffer in ms of its rate; null: network.queue_ms")
+    congestion_control: Optional[CongestionControlName] = Field(
+        None, description="what the server's (or an edge aggregator's) downloads are sent with (tcp transport): cubic, "
+                          "bbr, reno or package.module:Class; null: network.tcp.congestion_control")
 
 
 class Server(Strict):
@@ -630,15 +645,10 @@ class TcpModel(Strict):
     hystart: bool = Field(True, description="HyStart's ACK-train exit from slow start (Linux CUBIC's default)")
     growth_step: float = Field(
         0.05, gt=0, le=1, description="a window-limited flow's rate steps when CUBIC has grown its window by this fraction")
-    congestion_control: str = Field(
-        "cubic", description="the senders' congestion control: a registered one (cubic; emulator/flows/congestion.py) "
-                             "or your own CongestionControl subclass as package.module:Class")
-
-    @field_validator("congestion_control")
-    @classmethod
-    def _congestion_control(cls, v: str) -> str:
-        CONGESTION_CONTROLS.get(v)  # a PluginError is a ValueError: one line naming the key
-        return v
+    congestion_control: CongestionControlName = Field(
+        "cubic", description="every sender's congestion control unless its device profile or link says otherwise: a "
+                             "registered one (cubic, bbr, reno; emulator/flows/congestion.py) or your own "
+                             "CongestionControl subclass as package.module:Class")
 
 
 class NetworkModel(Strict):

@@ -99,7 +99,7 @@ class Transfers:
             framing = self.cfg.framing
             tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self.cfg.one_way(tr.src, tr.dst),
                        seg_bits=(framing.mss + framing.segment_overhead) * 8.0, mss=framing.mss, loss=self._loss(tr),
-                       rng=self._rng(tr))
+                       rng=self._rng(tr), control=self.cfg.link(tr.src).congestion_control)  # the sender's
         path = self.cfg.path(tr.src, tr.dst)
         if self.traces is not None:
             self._watch_traced_links(tr.tid, path)

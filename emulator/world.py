@@ -152,7 +152,8 @@ def build_world(sc: Scenario, task: TaskSpec | None = None) -> World:
     task = dataclasses.replace(task, plan=DevicePlan(sc.task.device, hosts, sc.task.gpu_memory_fraction))
     return World(
         task=task, clients=clients,
-        server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0, queue_s=_queue_s(sc, sl.queue_ms)),
+        server_link=Link(mbps(sl.up_mbps), mbps(sl.down_mbps), sl.latency_ms / 1000.0, queue_s=_queue_s(sc, sl.queue_ms),
+                         congestion_control=sl.congestion_control),
         server=server, client=client, hosts=hosts, threads_per_host=max(1, usable_cores() // hosts),
         framing=Framing(sc.network.mss, sc.network.segment_overhead, sc.network.per_transfer_bytes),
         faults=faults, groups=groups, group_of=group_of, rto_s=sc.network.rto_ms / 1000.0,
@@ -233,7 +234,8 @@ def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: lis
                     ref, mean = traces.assign(spec, f"population.links[{links[i]}].{direction}_trace", i, direction)
                     traced[(direction, profile.name)] = ref
                     up, down = (mean, down) if direction == "up" else (up, mean)
-        link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms))
+        link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms),
+                    congestion_control=dev.congestion_control)
         spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
     return clients, traced
@@ -367,7 +369,8 @@ def hierarchy_edges(sc: Scenario, clients: list[ClientInfo], server: ServerConfi
         c.profile.aggregator = aggregator[c.profile.name]
     n = len(clients)
     el = h.link
-    link = Link(mbps(el.up_mbps), mbps(el.down_mbps), el.latency_ms / 1000.0, queue_s=_queue_s(sc, el.queue_ms))
+    link = Link(mbps(el.up_mbps), mbps(el.down_mbps), el.latency_ms / 1000.0, queue_s=_queue_s(sc, el.queue_ms),
+                congestion_control=el.congestion_control)
     out = []
     for j, (name, mine) in enumerate(members.items()):
         cfg = dataclasses.replace(server, rounds=sc.rounds * h.edge_rounds, eval_every=0, checkpoint_every=None,

@@ -8,7 +8,8 @@ from emulator.flows.links import FlowModel
 from emulator.flows.transport import TcpParams, TcpTransport
 
 
-def workload(seed: int, tcp: bool) -> tuple[FlowModel, list[dict]]:
+def workload(seed: int, tcp: bool, controls: tuple[str, ...] = ()) -> tuple[FlowModel, list[dict]]:
+    """Random flows through stars; with `controls`, each connection's sender runs one of them."""
     rng = np.random.default_rng(seed)
     flows = int(rng.integers(3, 40))
     caps = {"server": float(rng.uniform(5e6, 200e6)), "cell": float(rng.uniform(2e6, 30e6))}
@@ -29,6 +30,8 @@ def workload(seed: int, tcp: bool) -> tuple[FlowModel, list[dict]]:
         if tcp:
             tr.update(connection=(access, path[0] == "server"), rtt=2 * tr["latency"],
                       loss=float(rng.choice([0.0, 0.0, 0.005, 0.02])), rng=np.random.default_rng([seed, i]))
+            if controls:
+                tr["control"] = controls[int(rng.integers(len(controls)))]  # (a reused connection keeps its first)
         transfers.append(tr)
     model = FlowModel(caps, TcpTransport(TcpParams()) if tcp else None, queues)
     return model, transfers

@@ -106,8 +106,8 @@ def test_a_scenario_names_its_congestion_control():
     params = _tcp_params(sc)
     assert params.congestion_control == "emulator.flows.congestion:Cubic"
     assert type(TcpTransport(params).cc) is Cubic
-    with pytest.raises(ScenarioError, match=r"network\.tcp\.congestion_control: no congestion control named 'bbr'"):
-        load_scenario(smoke, ["network.tcp.congestion_control=bbr"])
+    with pytest.raises(ScenarioError, match=r"network\.tcp\.congestion_control: no congestion control named 'vegas'"):
+        load_scenario(smoke, ["network.tcp.congestion_control=vegas"])
     assert _tcp_params(load_scenario(smoke, ["network.tcp.congestion_control=reno"])[0]).congestion_control == "reno"
 
 

@@ -85,3 +85,20 @@ def test_replayed_against_recorded_kernel_times(model):
     else:
         # the fluid model misses wherever slow start or loss matters: the comparison discriminates
         assert len(outside) >= 80
+
+
+@pytest.mark.parametrize("cc", ["cubic", "bbr"])
+def test_the_model_side_of_several_flows_shares_the_bottleneck(cc):
+    """`--flows K`: K fresh connections started together through one bottleneck. Loss-free with no
+    delay, they share it fairly and finish together: each after K payloads at the link's rate
+    (framed), plus the acknowledgement's own bytes."""
+    params = vs.TcpParams(congestion_control=cc)
+    size, rate, k = 1_000_000, 20e6, 5
+    runs = vs.emulated_flow_times(size, rate, 0.0, 0.0, 0.1, k, 3, vs.TUN_FRAMING, params)
+    assert len(runs) == 3 and all(len(r) == k and r == sorted(r) for r in runs)
+    by_rank = vs.rank_medians(runs)
+    link_s = vs.TUN_FRAMING.link_bytes(size + vs.HEADER) * 8.0 / rate
+    ack_s = vs.TUN_FRAMING.link_bytes(1) * 8.0 / rate
+    assert by_rank[-1] == pytest.approx(k * link_s + ack_s, rel=1e-3)
+    assert by_rank[0] == pytest.approx(by_rank[-1], rel=1e-3)
+    assert vs.rank_medians([[1.0, 4.0], [3.0, 2.0], [2.0, 6.0]]) == [2.0, 4.0]

@@ -144,13 +144,15 @@ class _PropertyFlow(__import__("emulator.flows.links").flows.links.Flow):
         self._rate_value = value
 
 
-@pytest.mark.parametrize("tcp,subclass", [(True, False), (False, False), (True, True)])
-def test_compiled_rebalance_gives_the_python_rebalances_times_and_state_bit_for_bit(monkeypatch, tcp, subclass):
+@pytest.mark.parametrize("tcp,subclass,controls", [(True, False, ()), (False, False, ()), (True, True, ()),
+                                                   (True, False, ("cubic", "bbr", "reno"))])
+def test_compiled_rebalance_gives_the_python_rebalances_times_and_state_bit_for_bit(monkeypatch, tcp, subclass, controls):
     """emulator/flows/_flowfill.c's `rebalance` writes out FlowModel._rebalance_py (sync, window caps, the
     filling, after_rates, next events, load, standing queues): on random workloads (stars behind a
     server link and a shared cell, windows, loss, queues, reused connections; tests/flow_scenarios.py)
     every arrival is the same float, and so is every event the model handed out. It reads the slots
-    of Flow, TcpState and Connection in place, and a subclass's attributes through getattr."""
+    of Flow, TcpState and Connection in place, and a subclass's attributes through getattr. With
+    BBR and Reno beside CUBIC, the pacing, the wake-ups and the paced standing queues agree too."""
     from emulator.flows import links as links_module
     from flow_scenarios import workload
 
@@ -160,7 +162,7 @@ def test_compiled_rebalance_gives_the_python_rebalances_times_and_state_bit_for_
         seen = {}
         for name, rebalance in (("compiled", links_module._compiled_rebalance), ("python", None)):
             monkeypatch.setattr(links_module, "_compiled_rebalance", rebalance)
-            model, transfers = workload(seed, tcp)
+            model, transfers = workload(seed, tcp, controls)
             if subclass:
                 model.flow_class = _PropertyFlow
             events = []

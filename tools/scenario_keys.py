@@ -42,6 +42,12 @@ def _models(annotation) -> list[type[BaseModel]]:
 
 
 def _type_name(annotation) -> str:
+    if annotation is not None and typing.get_origin(annotation) is typing.Annotated:
+        return _type_name(typing.get_args(annotation)[0])  # the type, not its validators
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union and any(typing.get_origin(a) is typing.Annotated for a in args):
+        return f"Optional[{_type_name(next(a for a in args if a is not type(None)))}]" if type(None) in args else \
+            " | ".join(_type_name(a) for a in args)
     text = str(annotation).replace("typing.", "").replace("NoneType", "None")
     for prefix in ("<class '", "'>"):
         text = text.replace(prefix, "")

@@ -1,6 +1,8 @@
 """Fidelity of the link model against Linux kernel TCP, root only.
 
-    sudo python tools/validate_shaping.py --grid [--json]
+    sudo python tools/validate_shaping.py --grid [--cc cubic|bbr|reno] [--json]
+    sudo python tools/validate_shaping.py --flows 5 --rates 20 --delays-ms 30 --queues-ms 100 --losses 0,0.005 \
+        --sizes 6654062 --cc bbr --lossy-reps 4
     sudo python tools/validate_shaping.py --rates 100 --delays-ms 50 --losses 0,0.005 --sizes 6654062 \\
         --queues-ms 50 --idle-s 0,1 --models fluid,tcp --paths tcp,zmq --reps 5 --lossy-reps 9
 
@@ -10,7 +12,7 @@ the one-way delay, dropping A->B packets at random with the given loss (seeded).
 egress sets the rate, and its `latency` the bottleneck queue. (`--medium veth` joins them by a veth
 pair instead, for the no-delay, loss-free cross-check of the delay line.) Both ends use CUBIC,
 Linux's default, whatever this host's default is, or the congestion control --cc names (the model
-then runs its own of that name: cubic or reno).
+then runs its own of that name: cubic, bbr or reno).
 
 Each case sends a payload from A to B, over a fresh TCP connection per repetition (`tcp` path;
 the 8-byte length header goes with the payload) or over one ZeroMQ REQ/REP connection (`zmq`), and
@@ -21,6 +23,10 @@ same sequence (payload, acknowledgement, gaps) through the same flow model the n
 uses, with the TUN link's framing (1500 bytes per 1448-byte segment), and the printed ratio is
 emulated/kernel of the medians. Lossy cases take `--lossy-reps` repetitions (the kernel's spread
 is large; it is printed) and the model draws as many seeds.
+
+With `--flows K`, each repetition opens K connections, starts them together through the one
+bottleneck and times each until its acknowledgement; the record gives the median of each rank
+(fastest, second, ...) for the kernel and the model, and their ratios.
 
 It removes everything it created, also on error or Ctrl-C. Where namespaces or TUN devices cannot
 be created (not root, no `ip`/`tc`), it prints SKIPPED with the reason and exits 0.
@@ -63,15 +69,18 @@ VETH_FRAMING = Framing(mss=1448, segment_overhead=66)
 
 # ---- the two ends (run inside the namespaces) ---------------------------------------------------
 def serve_tcp(port: int, cc: str) -> None:
+    """Each connection in a thread of its own (--flows sends on several at once)."""
+    import threading
+
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
     srv.bind(("0.0.0.0", port))
-    srv.listen(4)
+    srv.listen(64)
     print("ready", flush=True)
-    buf = bytearray(1 << 20)
-    while True:
-        conn, _ = srv.accept()
+
+    def receive(conn: socket.socket) -> None:
+        buf = bytearray(1 << 20)
         with conn:
             while True:  # messages on this connection, until a zero length or its end
                 header = conn.recv(HEADER, socket.MSG_WAITALL)
@@ -79,7 +88,7 @@ def serve_tcp(port: int, cc: str) -> None:
                     break
                 size = int.from_bytes(header, "little")
                 if size == 0:
-                    return
+                    os._exit(0)
                 got = 0
                 while got < size:
                     n = conn.recv_into(buf, min(len(buf), size - got))
@@ -87,6 +96,10 @@ def serve_tcp(port: int, cc: str) -> None:
                         break
                     got += n
                 conn.sendall(ACK)
+
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=receive, args=(conn,), daemon=True).start()
 
 
 def send_tcp(host: str, port: int, size: int, reps: int, pause: float, idle: float, cc: str) -> list[float]:
@@ -111,6 +124,48 @@ def send_tcp(host: str, port: int, size: int, reps: int, pause: float, idle: flo
     stop.sendall((0).to_bytes(HEADER, "little"))
     stop.close()
     return times
+
+
+def send_flows(host: str, port: int, size: int, reps: int, pause: float, k: int, cc: str) -> list[list[float]]:
+    """K connections opened first, then started together: per repetition, each one's time from
+    the common start until its acknowledgement, sorted."""
+    import threading
+
+    payload = size.to_bytes(HEADER, "little") + os.urandom(size)
+    out = []
+    for _ in range(reps):
+        time.sleep(pause)
+        conns = []
+        for _ in range(k):
+            conn = socket.socket()
+            conn.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.connect((host, port))
+            conns.append(conn)
+        go = threading.Barrier(k + 1)
+        start = [0.0]
+        done = [0.0] * k
+
+        def one(i: int) -> None:
+            go.wait()
+            conns[i].sendall(payload)
+            conns[i].recv(1)
+            done[i] = time.perf_counter() - start[0]
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(k)]
+        for t in threads:
+            t.start()
+        start[0] = time.perf_counter()
+        go.wait()
+        for t in threads:
+            t.join()
+        for conn in conns:
+            conn.close()
+        out.append(sorted(done))
+    stop = socket.create_connection((host, port))
+    stop.sendall((0).to_bytes(HEADER, "little"))
+    stop.close()
+    return out
 
 
 def serve_zmq(port: int) -> None:
@@ -192,6 +247,30 @@ def emulated_seconds(model: str, path_kind: str, size: int, rate_bps: float, del
         out = simulate(fm, seq)
         times.append(out[last][1] - out[first][0])
     return times
+
+
+def emulated_flow_times(size: int, rate_bps: float, delay_s: float, loss: float, queue_s: float, k: int, draws: int,
+                        framing: Framing, params: TcpParams, seed: int = 0) -> list[list[float]]:
+    """K fresh connections through one bottleneck, started together: per draw, each one's time
+    until its acknowledgement is back, sorted (the kernel side of send_flows)."""
+    up_a, up_b = ("up", "a"), ("up", "b")
+    seg_bits = (framing.mss + framing.segment_overhead) * 8.0
+    out = []
+    for rep in range(draws):
+        fm = FlowModel({up_a: rate_bps}, TcpTransport(params), queue_s={up_a: queue_s})
+        seq = [dict(start=0.0, bits=framing.link_bytes(size + HEADER) * 8.0, path=[up_a], latency=delay_s,
+                    connection=("ab", i), rtt=2 * delay_s, seg_bits=seg_bits, mss=framing.mss, loss=loss,
+                    rng=np.random.default_rng([seed, rep, i, 1])) for i in range(k)]
+        seq += [dict(after=i, bits=framing.link_bytes(1) * 8.0, path=[up_b], latency=delay_s, connection=("ba", i),
+                     rtt=2 * delay_s, seg_bits=seg_bits, mss=framing.mss) for i in range(k)]
+        arrivals = simulate(fm, seq)
+        out.append(sorted(end for _, end in arrivals[k:]))
+    return out
+
+
+def rank_medians(runs: list[list[float]]) -> list[float]:
+    """The median of each rank (the fastest flow's, the second's, ...) over repetitions."""
+    return [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
 
 
 # ---- namespaces -------------------------------------------------------------------------------
@@ -307,7 +386,9 @@ def why_not_possible() -> str | None:
     return None
 
 
-def measure(bed: Testbed, path: str, size: int, reps: int, pause: float, idle: float) -> list[float]:
+def exchange(bed: Testbed, path: str, flag: str, lead: list[str], rest: list[str], timeout: float = 1800) -> list:
+    """Start the receiver in B, run the sender in A (its hidden command line: `flag`, `lead`, the
+    receiver's address and port, `rest`, the congestion control), and return what it printed."""
     port = PORT_TCP if path == "tcp" else PORT_ZMQ
     me = [sys.executable, str(Path(__file__).resolve())]
     server = subprocess.Popen(["ip", "netns", "exec", bed.b, *me, "--serve", path, str(port), bed.cc],
@@ -315,14 +396,42 @@ def measure(bed: Testbed, path: str, size: int, reps: int, pause: float, idle: f
     try:
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError(f"receiver did not start: {server.stderr.read()}")
-        res = subprocess.run(["ip", "netns", "exec", bed.a, *me, "--send", path, ADDR_B, str(port), str(size),
-                              str(reps), str(pause), str(idle), bed.cc], capture_output=True, text=True, timeout=1800)
+        res = subprocess.run(["ip", "netns", "exec", bed.a, *me, flag, *lead, ADDR_B, str(port), *rest, bed.cc],
+                             capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
             raise RuntimeError(f"sender failed: {res.stderr}")
         return json.loads(res.stdout)
     finally:
         server.kill()
         server.wait()
+
+
+def measure(bed: Testbed, path: str, size: int, reps: int, pause: float, idle: float) -> list[float]:
+    return exchange(bed, path, "--send", [path], [str(size), str(reps), str(pause), str(idle)])
+
+
+def measure_flows(bed: Testbed, size: int, reps: int, pause: float, k: int) -> list[list[float]]:
+    return exchange(bed, "tcp", "--send-flows", [], [str(size), str(reps), str(pause), str(k)], timeout=3600)
+
+
+def flows_record(case: dict, k: int, runs: list[list[float]], args, framing: Framing, params: TcpParams) -> dict:
+    kernel = rank_medians(runs)
+    draws = max(len(runs), MODEL_DRAWS) if case["loss"] > 0 else len(runs)
+    emulated = rank_medians(emulated_flow_times(case["size"], case["rate"] * 1e6, case["delay"] / 1000, case["loss"],
+                                                case["queue"] / 1000, k, draws, framing, params, args.seed))
+    return {"rate_mbps": case["rate"], "delay_ms": case["delay"], "loss": case["loss"], "queue_ms": case["queue"],
+            "payload_bytes": case["size"], "flows": k, "cc": args.cc, "reps": len(runs), "kernel_s": kernel,
+            "emulated_s": emulated, "ratios": [e / q for e, q in zip(emulated, kernel)], "kernel_runs": runs}
+
+
+def show_flows(rec: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rec), flush=True)
+        return
+    print(f"{rec['flows']} flows {rec['cc']} {rec['rate_mbps']:>5g} Mbit/s {rec['delay_ms']:>4g} ms {100 * rec['loss']:>4g} % "
+          f"q{rec['queue_ms']:>5g} ms {rec['payload_bytes']:>9,} B, by rank: kernel "
+          f"{' '.join(f'{t:.2f}' for t in rec['kernel_s'])} s; emulated {' '.join(f'{t:.2f}' for t in rec['emulated_s'])} s; "
+          f"ratios {' '.join(f'{r:.2f}' for r in rec['ratios'])}", flush=True)
 
 
 def floats(text: str) -> list[float]:
@@ -364,17 +473,24 @@ def main() -> int:
     ap.add_argument("--pause", type=float, default=0.05, help="seconds between repetitions")
     ap.add_argument("--medium", choices=("tun", "veth"), default="tun")
     ap.add_argument("--cc", default="cubic", help="congestion control of both ends")
+    ap.add_argument("--flows", type=int, default=1, help="K > 1: K connections started together through the one "
+                                                          "bottleneck (tcp path), each flow's time by rank")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print one JSON record per case instead of the table")
     ap.add_argument("--resume", metavar="FILE", help="skip the cases (and paths) that FILE (--json output) already has")
     ap.add_argument("--replay", metavar="FILE", help="recompute the emulated side of the records in FILE (--json output) without the kernel")
     ap.add_argument("--serve", nargs=3, metavar=("PATH", "PORT", "CC"), help=argparse.SUPPRESS)
     ap.add_argument("--send", nargs=8, help=argparse.SUPPRESS)
+    ap.add_argument("--send-flows", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.serve:
         path, port, cc = args.serve
         serve_tcp(int(port), cc) if path == "tcp" else serve_zmq(int(port))
+        return 0
+    if args.send_flows:
+        host, port, size, reps, pause, k, cc = args.send_flows
+        print(json.dumps(send_flows(host, int(port), int(size), int(reps), float(pause), int(k), cc)))
         return 0
     if args.send:
         path, host, port, size, reps, pause, idle, cc = args.send
@@ -408,6 +524,10 @@ def main() -> int:
             bed.path(case["delay"], case["loss"], args.seed)
             bed.shape(case["rate"], case["queue"])
             reps = args.lossy_reps if case["loss"] > 0 else args.reps
+            if args.flows > 1:
+                show_flows(flows_record(case, args.flows, measure_flows(bed, case["size"], reps, args.pause, args.flows),
+                                        args, framing, params), args.json)
+                continue
             for path in args.paths.split(","):
                 if args.grid and path == "zmq" and (case["idle"] > 0 or case["loss"] > 0):
                     continue  # the grid runs ZeroMQ on the loss-free cases only (the long lossy ones take TCP)

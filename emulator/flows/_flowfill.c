@@ -311,7 +311,7 @@ done:
  * (_excess_of, _add_excess, _link_queue). The same double operations in the same order, on the
  * same records (read and written in place, above), so a run gives the same times to the last
  * bit with either. It knows windows and pacing rates, not a congestion control: when a window starts
- * to limit its flow it calls the connection's congestion control back (transport.cc.on_window_limited,
+ * to limit its flow it calls the connection's congestion control back (transport.on_window_limited,
  * emulator/flows/congestion.py), and so FlowModel._instant_bits (a flow on a path without any finite
  * link). links.py uses this only while none of the methods it writes
  * out is overridden (links._hooks_are_ours): a subclass that overrides one gets the Python version. */
@@ -320,7 +320,7 @@ done:
     X(phase) X(path) X(conn) X(cwnd) X(seg_bits) X(rtt_base) X(window_key) X(window_path) X(t)          \
     X(transport) X(qdelay) X(excess) X(fill) X(capacity) X(unsettled) X(bottleneck) X(link_bottleneck)  \
     X(share) X(limited) X(done_at) X(version) X(round_end) X(load) X(pinned) X(held) X(queue_s)         \
-    X(_instant_bits) X(open) X(ss) X(ca) X(cc) X(on_window_limited) X(pacing)
+    X(_instant_bits) X(open) X(ss) X(ca) X(on_window_limited) X(pacing) X(wakeup)
 #define DECLARE(name) static PyObject *S_##name;
 NAMES(DECLARE)
 #undef DECLARE
@@ -345,8 +345,9 @@ static int is_phase(PyObject *phase, PyObject *name) {
     O(bottleneck) O(link_bottleneck) D(synced_t)
 #define WINDOW_RECORD(D, O) O(conn) D(rtt_base) D(seg_bits) O(mss) D(loss) O(rng) O(phase) D(round_end) D(budget) \
     D(loss_in) D(recovery_until) D(floor) O(limited) D(resent_bits) D(pacing) O(queues) O(fid) O(path)            \
-    O(window_key) O(window_path)
-#define CONNECTION_RECORD(D, O) D(cwnd) D(ssthresh) D(srtt) D(rtts) D(last_send) D(sending_since) O(active) O(waiting) O(cc)
+    O(window_key) O(window_path) D(wakeup)
+#define CONNECTION_RECORD(D, O) D(cwnd) D(ssthresh) D(srtt) D(rtts) D(last_send) D(sending_since) O(active) O(waiting) O(cc) \
+    O(control)
 
 #define AS_OBJECT(n) PyObject *n;
 typedef struct { PyObject_HEAD FLOW_RECORD(AS_OBJECT, AS_OBJECT) } FlowRecord;
@@ -409,7 +410,7 @@ static PyTypeObject *BOUND[K_KINDS];
 FLOW_O(active) FLOW_O(tcp) FLOW_D(synced_t) FLOW_D(rate) FLOW_D(remaining_bits) FLOW_O(path) FLOW_O(bottleneck)
 FLOW_O(link_bottleneck) FLOW_D(share) FLOW_D(done_at) FLOW_O(version)
 STATE_D(budget) STATE_D(loss_in) STATE_O(phase) STATE_O(conn) STATE_D(seg_bits) STATE_D(rtt_base) STATE_O(window_key)
-STATE_O(window_path) STATE_O(limited) STATE_D(round_end) STATE_D(pacing)
+STATE_O(window_path) STATE_O(limited) STATE_D(round_end) STATE_D(pacing) STATE_D(wakeup)
 FIELD(ConnectionRecord, K_CONN, cwnd)
 
 static inline char *record_of(PyObject *obj, const Field *f) {
@@ -561,7 +562,7 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
     PyObject *flows = NULL, *fids = NULL, *objs = NULL, *paths = NULL, *caps = NULL, *filled = NULL;
     PyObject *changed = NULL, *load = NULL, *pinned = NULL, *excess = NULL, *held = NULL, *queue_s = NULL;
     PyObject *new_qdelay = NULL, *new_fill = NULL, *result = NULL;
-    PyObject *flow = NULL, *st = NULL, *conn = NULL, *phase = NULL, *value = NULL, *cc = NULL;
+    PyObject *flow = NULL, *st = NULL, *conn = NULL, *phase = NULL, *value = NULL;
     double t;
 
     if (PyObject_SetAttr(model, S_unsettled, Py_False) < 0) return NULL;
@@ -730,8 +731,7 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
             int was = truthy_attr(st, &F_limited);
             if (was < 0 || set(st, &F_limited, limited ? Py_True : Py_False) < 0) goto done;
             if (limited && !was) { /* the congestion control's window now limits the flow */
-                if (!cc && !(cc = PyObject_GetAttr(transport, S_cc))) goto done;
-                if (!(value = PyObject_CallMethodObjArgs(cc, S_on_window_limited, st, t_obj, NULL))) goto done;
+                if (!(value = PyObject_CallMethodObjArgs(transport, S_on_window_limited, st, t_obj, NULL))) goto done;
                 Py_CLEAR(value);
             }
         }
@@ -752,9 +752,10 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
             double remaining;
             if (get_double(flow, &F_remaining_bits, &remaining) < 0) { Py_DECREF(next); goto done; }
             if (st != Py_None) { /* TcpTransport.next_event */
-                double due = INFINITY, loss_in, budget, round_end;
+                double due = INFINITY, loss_in, budget, round_end, wakeup;
                 if (!(phase = get(st, &F_phase)) || get_double(st, &F_loss_in, &loss_in) < 0 ||
-                    get_double(st, &F_budget, &budget) < 0 || get_double(st, &F_round_end, &round_end) < 0) { Py_DECREF(next); goto done; }
+                    get_double(st, &F_budget, &budget) < 0 || get_double(st, &F_round_end, &round_end) < 0 ||
+                    get_double(st, &F_wakeup, &wakeup) < 0) { Py_DECREF(next); goto done; }
                 const int ss = is_phase(phase, S_ss);
                 const int ca_now = !ss && is_phase(phase, S_ca);
                 Py_CLEAR(phase);
@@ -776,6 +777,7 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                 int rounds = ss;
                 if (ca_now && (rounds = truthy_attr(st, &F_limited)) < 0) { Py_DECREF(next); goto done; }
                 if (rounds && round_end < due) due = round_end;
+                if (wakeup < due) due = wakeup;
                 due_obj = PyFloat_FromDouble(due);
             } else if (remaining <= 0 || rate == INFINITY) {
                 due_obj = t_obj;
@@ -822,11 +824,14 @@ static PyObject *rebalance(PyObject *module, PyObject *args) {
                 PyObject *at = get(flow, &F_link_bottleneck);
                 if (!at) goto done;
                 if (still_ca && !lim && at != Py_None && flow_rate < INFINITY) {
-                    double cwnd, seg_bits, rtt_base;
+                    double cwnd, seg_bits, rtt_base, pacing;
                     if (!(conn = get(st, &F_conn)) || get_double(conn, &F_cwnd, &cwnd) < 0 ||
-                        get_double(st, &F_seg_bits, &seg_bits) < 0 || get_double(st, &F_rtt_base, &rtt_base) < 0) { Py_DECREF(at); goto done; }
+                        get_double(st, &F_seg_bits, &seg_bits) < 0 || get_double(st, &F_rtt_base, &rtt_base) < 0 ||
+                        get_double(st, &F_pacing, &pacing) < 0) { Py_DECREF(at); goto done; }
                     Py_CLEAR(conn);
-                    double bits = cwnd * seg_bits - flow_rate * rtt_base;
+                    double inflight = cwnd * seg_bits, paced = pacing * rtt_base;
+                    if (paced < inflight) inflight = paced; /* min(window, pacing over the RTT) */
+                    double bits = inflight - flow_rate * rtt_base;
                     if (bits > 0) { /* _add_excess */
                         PyObject *bits_obj = PyFloat_FromDouble(bits);
                         PyObject *part = bits_obj ? PyTuple_Pack(2, at, bits_obj) : NULL;
@@ -885,7 +890,6 @@ done:
     Py_XDECREF(conn);
     Py_XDECREF(phase);
     Py_XDECREF(value);
-    Py_XDECREF(cc);
     Py_XDECREF(t_obj);
     Py_XDECREF(transport);
     Py_XDECREF(qdelay);

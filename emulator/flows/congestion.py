@@ -11,7 +11,11 @@ the window does:
 - `window`: the congestion-avoidance window at a time;
 - `on_window_limited` and `on_ca_round`: the window began to hold the flow's rate down, and an
   ACK-clocked round of congestion avoidance ended while it still does (the window grows);
-- `on_loss`: a congestion event (the new window and ssthresh, ns-3's GetSsThresh);
+- `on_loss`: a congestion event (the new window and ssthresh, ns-3's GetSsThresh); a control whose
+  `loss_ends_slow_start` is False (BBR) keeps its phase, its round and its rate through it;
+- `on_flow_start`: a flow begins sending on the connection (after the transport chose its phase);
+- `on_wakeup`: the time the control asked for in `st.wakeup` has come, whatever limits the flow
+  (BBR's gain cycle and its min-RTT probe); INF (the default) asks for nothing.
 A congestion control writes what it decides into the connection (`cwnd`, `ssthresh`) and the
 flow's state (`round_end`, and `pacing`: the rate the sender paces at, bits/s, INF where it does not
 pace, as CUBIC without fq): the flow model, compiled or not, reads those and never calls back for them, so the compiled rebalance knows windows and pacing, not CUBIC. Its own per-connection
@@ -73,6 +77,7 @@ class CongestionControl:
     `window`, `on_loss` and the growth hooks have no default."""
 
     name: ClassVar[str] = ""
+    loss_ends_slow_start: ClassVar[bool] = True  # a loss cuts the window and ends slow start (Reno, CUBIC)
 
     def __init__(self, params: Any):
         self.p = params
@@ -110,6 +115,13 @@ class CongestionControl:
 
     def on_ca_start(self, st: Any, now: float) -> None:
         """Congestion avoidance begins with st.conn.cwnd."""
+
+    def on_flow_start(self, st: Any, now: float) -> None:
+        """A flow begins sending on st.conn, in the phase the transport chose (st.phase)."""
+
+    def on_wakeup(self, st: Any, now: float) -> None:
+        """st.wakeup has come (only a control that sets it is called)."""
+        st.wakeup = INF
 
     def window(self, st: Any, now: float, rtt: float) -> float:
         raise NotImplementedError
@@ -255,3 +267,6 @@ class Reno(GrowingWindow):
         st.conn.cc.origin = new
         st.conn.cc.epoch = now
         return new
+
+
+from . import bbr  # noqa: E402,F401  (registers "bbr"; it builds on the classes above)

@@ -216,16 +216,18 @@ class FlowModel:
 
     def add(self, fid: Hashable, bits: float, path: Sequence[Hashable], *, connection: Hashable = None,
             rtt: float = 0.0, seg_bits: float = 1514 * 8.0, mss: int = 1448, loss: float = 0.0,
-            rng: np.random.Generator | None = None, settle: bool = True) -> list[tuple[Hashable, float, int]]:
+            rng: np.random.Generator | None = None, settle: bool = True,
+            control: str | None = None) -> list[tuple[Hashable, float, int]]:
         """A new flow of `bits` along `path`. With a transport, `connection` names the connection it
         uses (its window persists across flows), `rtt` the path's propagation RTT, `seg_bits` the
-        link bits of a full segment (`mss` its payload bytes) and `loss` the probability that a segment is lost.
+        link bits of a full segment (`mss` its payload bytes), `loss` the probability that a segment is
+        lost and `control` the congestion control a new connection's sender runs (None: the transport's).
         With settle=False the rates are recomputed later, by `settle` or the next change: flows that
         start at one instant then cost one max-min filling together, not one each."""
         flow = self.flow_class(tuple(path), float(bits), synced_t=self.t)
         self.flows[fid] = flow
         if self.transport is not None:
-            conn = self.transport.connection(connection)
+            conn = self.transport.connection(connection, control)
             narrowest = min((self.capacity.get(link, INF) for link in path), default=INF)
             serialization = seg_bits / narrowest if narrowest < INF else 0.0
             flow.tcp = TcpState(conn, rtt + serialization if rtt > 0 else 0.0, seg_bits, mss, loss, rng,
@@ -488,7 +490,12 @@ class FlowModel:
         st = flow.tcp
         if st is None or st.phase != "ca" or st.limited or flow.link_bottleneck is None or flow.rate >= INF:
             return None
-        excess = st.conn.cwnd * st.seg_bits - flow.rate * st.rtt_base
+        # what stands in flight: the window, or less where the pacing keeps less there (BBR)
+        inflight = st.conn.cwnd * st.seg_bits
+        paced = st.pacing * st.rtt_base
+        if paced < inflight:
+            inflight = paced
+        excess = inflight - flow.rate * st.rtt_base
         return (flow.link_bottleneck, excess) if excess > 0 else None
 
     def _queue_of(self, fid: Hashable, flow: Flow) -> None:

@@ -18,9 +18,9 @@ FLOW_FIELDS: tuple[str, ...] = ("path", "remaining_bits", "rate", "version", "do
                                 "bottleneck", "link_bottleneck", "synced_t")
 WINDOW_FIELDS: tuple[str, ...] = ("conn", "rtt_base", "seg_bits", "mss", "loss", "rng", "phase", "round_end", "budget",
                                   "loss_in", "recovery_until", "floor", "limited", "resent_bits", "pacing", "queues",
-                                  "fid", "path", "window_key", "window_path")
+                                  "fid", "path", "window_key", "window_path", "wakeup")
 CONNECTION_FIELDS: tuple[str, ...] = ("cwnd", "ssthresh", "srtt", "rtts", "last_send", "sending_since", "active",
-                                      "waiting", "cc")
+                                      "waiting", "cc", "control")
 
 # the compiled module (these records, the filling and the rebalance), or None; links.py uses it from here
 native = compiled("emulator.flows._flowfill")

@@ -101,7 +101,7 @@ class Connection(Record, ConnectionRecord):
     __slots__ = ()
     FIELDS = CONNECTION_FIELDS
 
-    def __init__(self, cwnd: float, ssthresh: float = INF, cc: Any = None):
+    def __init__(self, cwnd: float, ssthresh: float = INF, cc: Any = None, control: CongestionControl | None = None):
         self.cwnd = cwnd
         self.ssthresh = ssthresh
         self.srtt = 0.0
@@ -111,6 +111,7 @@ class Connection(Record, ConnectionRecord):
         self.active: Hashable | None = None
         self.waiting: deque = deque()
         self.cc = cc  # its congestion control's own state
+        self.control = control  # its congestion control (the sender's)
 
 
 class TcpState(Record, WindowRecord):
@@ -136,6 +137,7 @@ class TcpState(Record, WindowRecord):
         self.limited = False  # congestion avoidance: the window held the rate down at the last rebalance
         self.resent_bits = 0.0
         self.pacing = INF  # the congestion control's pacing rate, bits/s (INF: it does not pace)
+        self.wakeup = INF  # a time the congestion control asked to decide at, whatever limits the flow
         self.queues = queues  # the flow model, whose standing queues delay this flow (None: no queues)
         self.fid = fid
         self.path = path
@@ -158,6 +160,11 @@ class TcpState(Record, WindowRecord):
     def rtt(self) -> float:
         return self.rtt_base + self.qdelay
 
+    @property
+    def flow_rate(self) -> float:
+        """The flow's rate as last set (what it delivers now)."""
+        return self.queues.flows[self.fid].rate if self.queues is not None else INF
+
 
 class TcpTransport:
     """The window rules of the module docstring, as hooks the flow model calls; what the window does
@@ -165,14 +172,30 @@ class TcpTransport:
 
     def __init__(self, params: TcpParams | None = None, cc: CongestionControl | None = None):
         self.p = params or TcpParams()
-        self.cc = cc or CONGESTION_CONTROLS.get(self.p.congestion_control)(self.p)
+        self.cc = cc or CONGESTION_CONTROLS.get(self.p.congestion_control)(self.p)  # the default sender's
+        self.controls: dict[str, CongestionControl] = {}  # the others, by the name a sender gave
         self.connections: dict[Hashable, Connection] = {}
 
-    def connection(self, key: Hashable) -> Connection:
+    def control(self, name: str | None) -> CongestionControl:
+        """The congestion control a sender names (None: the transport's own)."""
+        if name is None:
+            return self.cc
+        control = self.controls.get(name)
+        if control is None:
+            control = self.controls[name] = CONGESTION_CONTROLS.get(name)(self.p)
+        return control
+
+    def connection(self, key: Hashable, control: str | None = None) -> Connection:
+        """The connection `key`, made on first use with the congestion control its sender names."""
         conn = self.connections.get(key)
         if conn is None:
-            conn = self.connections[key] = Connection(cwnd=float(self.p.initcwnd), cc=self.cc.new_state())
+            cc = self.control(control)
+            conn = self.connections[key] = Connection(cwnd=float(self.p.initcwnd), cc=cc.new_state(), control=cc)
         return conn
+
+    def on_window_limited(self, st: TcpState, now: float) -> None:
+        """The window (or the pacing) began to hold the flow's rate down (the compiled rebalance calls this)."""
+        st.conn.control.on_window_limited(st, now)
 
     # -- a flow begins sending (it owns its connection now) --
     def begin(self, flow, now: float) -> None:
@@ -186,13 +209,14 @@ class TcpTransport:
         idle = now - conn.last_send
         rto_s = rto(conn.srtt, self.p.rto_min_s, conn.rtts)
         if self.p.restart_after_idle and conn.last_send > -INF and idle > rto_s:
-            self.cc.on_tx_start(conn, idle, rto_s)
+            conn.control.on_tx_start(conn, idle, rto_s)
         if conn.cwnd < conn.ssthresh:
             st.phase = "ss"
             st.budget = conn.cwnd * st.seg_bits
             st.round_end = now + st.rtt
         else:
             self._enter_ca(st, now, conn.cwnd)
+        conn.control.on_flow_start(st, now)
         self._draw_loss(st)
 
     def _draw_loss(self, st: TcpState) -> None:
@@ -202,7 +226,7 @@ class TcpTransport:
         conn = st.conn
         st.phase = "ca"
         conn.cwnd = cwnd
-        self.cc.on_ca_start(st, now)
+        conn.control.on_ca_start(st, now)
         st.budget = INF
         st.round_end = now + st.rtt
 
@@ -225,7 +249,7 @@ class TcpTransport:
             was = st.limited
             st.limited = limited
             if st.limited and not was:
-                self.cc.on_window_limited(st, now)
+                st.conn.control.on_window_limited(st, now)
 
     def next_event(self, flow, now: float) -> float:
         """The earliest of: the last bit, the next loss, the end of the slow-start round's budget,
@@ -249,6 +273,8 @@ class TcpTransport:
                 due = now
         if (phase == "ss" or (phase == "ca" and st.limited)) and st.round_end < due:
             due = st.round_end
+        if st.wakeup < due:
+            due = st.wakeup
         return due
 
     def sent(self, flow, bits: float) -> None:
@@ -267,10 +293,13 @@ class TcpTransport:
     def fire(self, flow, now: float, share_bits_per_rtt: float, queue_allowance_bits: float) -> None:
         st: TcpState = flow.tcp
         conn = st.conn
+        control = conn.control
         if st.loss_in <= EPS_BITS:
             self._on_loss(flow, now)
+        if now >= st.wakeup - 1e-12:
+            control.on_wakeup(st, now)
         if st.phase == "ss" and now >= st.round_end - 1e-12:
-            w, leaves = self.cc.slow_start_round(st, share_bits_per_rtt, queue_allowance_bits)
+            w, leaves = control.slow_start_round(st, share_bits_per_rtt, queue_allowance_bits)
             if leaves:
                 self._enter_ca(st, now, w)
             else:
@@ -278,7 +307,7 @@ class TcpTransport:
                 st.budget = w * st.seg_bits
                 st.round_end = now + st.rtt
         elif st.phase == "ca" and st.limited and now >= st.round_end - 1e-12:
-            self.cc.on_ca_round(st, now)
+            control.on_ca_round(st, now)
 
     @staticmethod
     def _sent_this_round(st: TcpState) -> float:
@@ -299,14 +328,18 @@ class TcpTransport:
         if st.rng.random() < st.loss:  # the retransmission is lost too: only the RTO recovers it
             floor += rto(st.rtt, self.p.rto_min_s, self._rtts_so_far(st, now))
         st.floor = max(st.floor, floor)
-        if now >= st.recovery_until:  # one window cut per recovery episode
+        if not conn.control.loss_ends_slow_start:  # (BBR) the control keeps its phase, round and rate
+            if now >= st.recovery_until:
+                st.recovery_until = now + st.rtt
+                conn.cwnd = conn.control.on_loss(st, now, conn.cwnd)
+        elif now >= st.recovery_until:  # one window cut per recovery episode
             st.recovery_until = now + st.rtt
             cwnd = conn.cwnd  # (the window's growth is applied per RTT, and only while the window limits the flow)
             if st.phase == "ss" and st.budget < INF:
                 # seen one RTT later, when the ACKs of the round's segments before the lost one
                 # have grown the window by one each (the ones after it are duplicate ACKs)
                 cwnd += self._sent_this_round(st)
-            new = self.cc.on_loss(st, now, cwnd)
+            new = conn.control.on_loss(st, now, cwnd)
             conn.ssthresh = new
             st.phase = "ca"
             st.budget = INF
