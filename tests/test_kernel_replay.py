@@ -87,6 +87,37 @@ def test_replayed_against_recorded_kernel_times(model):
         assert len(outside) >= 80
 
 
+BBR_GRID = REPO / "tools" / "validation" / "kernel_grid_bbr.jsonl"
+
+
+def bbr_band(rec):
+    """The issue's bands for BBR: loss-free 1 MiB and more (and the idle-gap cases) within
+    [0.90, 1.10], 64 KiB within [0.80, 1.20], lossy within [0.75, 1.33]."""
+    if rec["loss"] > 0:
+        return 0.75, 1.33
+    if rec["idle_s"] > 0 or rec["payload_bytes"] >= 2**20:
+        return 0.90, 1.10
+    return 0.80, 1.20
+
+
+def test_bbr_replayed_against_recorded_kernel_bbr_times():
+    """The BBR model against kernel BBR (`validate_shaping.py --grid --cc bbr --json`, the cases
+    measured so far: tools/validation/kernel_grid_bbr.jsonl), every case within its band."""
+    class Args:
+        pause, seed = 0.05, 1
+
+    params = vs.TcpParams(congestion_control="bbr")
+    recs = [json.loads(line) for line in BBR_GRID.read_text().splitlines() if line.startswith("{")]
+    assert len(recs) >= 40
+    outside = {}
+    for rec in recs:
+        new = vs.record(vs.record_case(rec), rec["path"], "tcp", rec["kernel_times"], Args, vs.TUN_FRAMING, params)
+        lo, hi = bbr_band(new)
+        if not lo <= new["ratio"] <= hi:
+            outside[tuple(vs.record_case(rec).values())] = round(new["ratio"], 3)
+    assert not outside, outside
+
+
 @pytest.mark.parametrize("cc", ["cubic", "bbr"])
 def test_the_model_side_of_several_flows_shares_the_bottleneck(cc):
     """`--flows K`: K fresh connections started together through one bottleneck. Loss-free with no
@@ -102,3 +133,22 @@ def test_the_model_side_of_several_flows_shares_the_bottleneck(cc):
     assert by_rank[-1] == pytest.approx(k * link_s + ack_s, rel=1e-3)
     assert by_rank[0] == pytest.approx(by_rank[-1], rel=1e-3)
     assert vs.rank_medians([[1.0, 4.0], [3.0, 2.0], [2.0, 6.0]]) == [2.0, 4.0]
+
+
+def test_several_flows_replayed_against_recorded_kernel_times():
+    """Five flows started together through one 20 Mbit/s bottleneck (30 ms one way, 100 ms of
+    queue, 6.65 MB each; tools/validation/kernel_flows5.jsonl): BBR, loss-free and at 0.5 % loss,
+    and CUBIC loss-free within [0.90, 1.10] of the kernel at every rank. CUBIC at 0.5 % loss is the
+    known bias (docs/2026-12-06-bbr.md: shared loss episodes are not modelled), held to its bounds."""
+    class Args:
+        seed = 1
+
+    for line in (REPO / "tools" / "validation" / "kernel_flows5.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        case = dict(rate=rec["rate_mbps"], delay=rec["delay_ms"], loss=rec["loss"], queue=rec["queue_ms"],
+                    size=rec["payload_bytes"])
+        Args.cc = rec["cc"]
+        new = vs.flows_record(case, rec["flows"], rec["kernel_runs"], Args, vs.TUN_FRAMING,
+                              vs.TcpParams(congestion_control=rec["cc"]))
+        lo, hi = (0.75, 1.0) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
+        assert all(lo <= r <= hi for r in new["ratios"]), (rec["cc"], rec["loss"], new["ratios"])

@@ -31,6 +31,28 @@ def test_tcp_model_agrees_with_kernel_cubic_on_a_delayed_link():
     assert namespaces() <= before  # nothing left behind
 
 
+def test_bbr_model_agrees_with_kernel_bbr_where_cubic_would_not():
+    # 20 Mbit/s, 40 ms one way, 1 % loss, 1 MiB: BBR keeps its rate through the losses (the BBR
+    # model's median 0.78 s, the CUBIC model's 2.06 s): the BBR model must be within [0.75, 1.33]
+    # of kernel BBR's median, and kernel BBR must beat the CUBIC model's median
+    before = namespaces()
+    res = subprocess.run([sys.executable, str(REPO / "tools" / "validate_shaping.py"), "--rates", "20", "--delays-ms", "40",
+                          "--losses", "0.01", "--sizes", "1048576", "--paths", "tcp", "--models", "tcp", "--cc", "bbr",
+                          "--lossy-reps", "5", "--json"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    if res.stdout.startswith("SKIPPED"):
+        pytest.skip(res.stdout.strip())
+    (bbr,) = map(json.loads, res.stdout.splitlines())
+    assert 0.75 <= bbr["ratio"] <= 1.33, bbr
+    sys.path.insert(0, str(REPO / "tools"))
+    import validate_shaping as vs
+
+    cubic = vs.emulated_seconds("tcp", "tcp", 1048576, 20e6, 0.04, 0.01, 0.05, 0.0, 41, 0.05, vs.TUN_FRAMING,
+                                vs.TcpParams(congestion_control="cubic"), 1)
+    assert bbr["kernel_s"] < sorted(cubic)[len(cubic) // 2], (bbr, sorted(cubic))
+    assert namespaces() <= before
+
+
 def namespaces() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.startswith("flemu-")}
