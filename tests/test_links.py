@@ -130,6 +130,24 @@ def test_a_tcp_round_arrives_at_the_same_times_with_either_filling(monkeypatch):
     assert len(arrivals["python"]) == 48 and all(float.fromhex(b) > float.fromhex(a) for a, b in arrivals["python"])
 
 
+def test_the_traced_round_of_the_benchmark_changes_capacities_only_while_flows_use_the_links():
+    """tools/bench_flows.py's traced round: every uplink follows a synthetic trace; capacities
+    change while uploads use the links (not before the first upload starts, and the count stays
+    below what changing every link all the time would take), and the round's end moves."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import bench_flows
+
+    out = bench_flows.measure_traced_round(12)
+    assert out["capacity_changes"] > 0
+    assert out["traced_round_s"] != out["static_round_s"]
+    # 12 links at 100 ms bins over the whole round would change about 120 times a second
+    assert out["capacity_changes"] < 12 * 10 * out["traced_round_s"] / 2
+
+
 class _PropertyFlow(__import__("emulator.flows.links").flows.links.Flow):
     """A Flow subclass whose rate is a property: the compiled rebalance must not read its slot."""
 

@@ -12,9 +12,16 @@ upload it through its 300 Mbit/s ingress, with slow start, queues and loss), run
 `emulator.flows.links.simulate` twice in this run: with the compiled max-min filling and rebalance
 (emulator/flows/_flowfill.c) and with the Python ones. Both must give the same arrival times, bit for bit.
 
-Usage: python tools/bench_flows.py [--flows 10000] [--json]
+A fourth case (`--traced-clients N`, default 1000) times the same tcp round with every client's uplink
+following a synthetic cellular trace of its own (emulator/flows/traces.py's SyntheticFades, 100 ms
+bins, a seeded start offset; its mean the link's static rate) against the static links, both with
+the compiled path, in this run: what traces cost the flow model, which is the network process's
+own work (the process also moves the messages, which traces do not change).
+
+Usage: python tools/bench_flows.py [--flows 10000] [--traced-clients 1000] [--json]
 --json prints one object: flows, scratch_ms, incremental_ms, speedup (and the same for the cell
-case), and tcp_round: {clients, events, compiled_s, python_s, speedup}."""
+case), tcp_round: {clients, events, compiled_s, python_s, speedup}, and traced_round: {clients,
+static_s, traced_s, traced_cpu_ratio, capacity_changes, static_round_s, traced_round_s}."""
 from __future__ import annotations
 
 import argparse
@@ -30,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from emulator.flows import links  # noqa: E402
 from emulator.flows.links import FlowModel, max_min_fill, simulate  # noqa: E402
+from emulator.flows.traces import SyntheticFades, TraceRates, TraceRef  # noqa: E402
 from emulator.flows.transport import TcpTransport  # noqa: E402
 from emulator.flows.maxmin import IncrementalMaxMin  # noqa: E402
 
@@ -133,19 +141,63 @@ def measure_tcp_round(clients: int) -> dict:
             "round_s": round(max(b for _, b in results["compiled"]), 3)}
 
 
+def measure_traced_round(clients: int, seed: int = 0) -> dict:
+    """The tcp round on static links and with every uplink traced (mean: its static rate), best of
+    two each, alternately. Counts the capacity changes the traced run made."""
+    times: dict[str, list[float]] = {"static": [], "traced": []}
+    ends, changes = {}, {"n": 0}
+    original = FlowModel.set_capacity
+
+    def counted(self, link, bps):
+        changes["n"] += 1
+        return original(self, link, bps)
+
+    for _ in range(2):
+        for name in ("static", "traced"):
+            model, transfers = tcp_round(clients, seed=seed)
+            traces = None
+            if name == "traced":
+                uplinks = [link for link in model.capacity if link[0] == "up" and link[1] != "server"]
+                traces = TraceRates({link: TraceRef("", float(np.random.default_rng([seed, link[1]]).uniform(0, 600)),
+                                                    synthetic=SyntheticFades(mean_mbps=model.capacity[link] / 1e6),
+                                                    seed=(seed, link[1])) for link in uplinks})
+            changes["n"] = 0
+            FlowModel.set_capacity = counted
+            try:
+                start = time.perf_counter()
+                out = simulate(model, transfers, traces=traces)
+                times[name].append(time.perf_counter() - start)
+            finally:
+                FlowModel.set_capacity = original
+            ends[name] = max(b for _, b in out)
+            if name == "traced":
+                traced_changes = changes["n"]
+    s, t = min(times["static"]), min(times["traced"])
+    return {"clients": clients, "static_s": round(s, 3), "traced_s": round(t, 3), "traced_cpu_ratio": round(t / s, 2),
+            "capacity_changes": traced_changes, "static_round_s": round(ends["static"], 2),
+            "traced_round_s": round(ends["traced"], 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--flows", type=int, default=10_000)
     ap.add_argument("--finishing", type=int, default=50, help="flows that finish, one at a time (medians over them)")
     ap.add_argument("--clients", type=int, default=130, help="clients in the tcp round")
+    ap.add_argument("--traced-clients", type=int, default=1000, help="clients in the traced round (0: skip it)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     plain = measure(args.flows, args.finishing, cell=False)
     cell = measure(args.flows, min(args.finishing, 20), cell=True)
     tcp = measure_tcp_round(args.clients)
+    traced = measure_traced_round(args.traced_clients) if args.traced_clients else None
     if args.json:
-        print(json.dumps({**plain, "cell": cell, "tcp_round": tcp}))
+        print(json.dumps({**plain, "cell": cell, "tcp_round": tcp, "traced_round": traced}))
         return
+    if traced:
+        print(f"tcp round, {traced['clients']} clients, every uplink traced: {traced['traced_s']:.3f} s against "
+              f"{traced['static_s']:.3f} s on static links at the traces' means ({traced['traced_cpu_ratio']:.2f}x; "
+              f"{traced['capacity_changes']} capacity changes; the round ends at {traced['traced_round_s']} s against "
+              f"{traced['static_round_s']} s)")
     if tcp["compiled_s"] is not None:
         print(f"tcp round, {tcp['clients']} clients ({tcp['fills']} fillings, {tcp['round_s']} emulated s): "
               f"compiled filling {tcp['compiled_s']:.3f} s, Python filling {tcp['python_s']:.3f} s, speedup {tcp['speedup']:.2f}x "

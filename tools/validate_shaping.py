@@ -37,6 +37,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -318,22 +319,22 @@ class Testbed:
             if self.cc not in allowed:
                 subprocess.run(["sysctl", "-qw", f"{allowed_key}={' '.join(allowed)}"], check=True)
 
-    def path(self, delay_ms: float, loss: float, seed: int) -> None:
-        """(Re)start the delay line with this delay and loss."""
+    def path(self, delay_ms: float, loss: float, seed: int, trace: tuple[str, ...] = ()) -> None:
+        """(Re)start the delay line with this delay and loss (and `trace`: its trace options)."""
         if self.medium == "veth":
             if delay_ms or loss:
                 raise ValueError("--medium veth has no delay and no loss")
             return
-        if self.path_key == (delay_ms, loss, seed):
+        if self.path_key == (delay_ms, loss, seed, trace):
             return
         self._stop_line()
         self.line = subprocess.Popen([sys.executable, str(REPO / "tools" / "delayline.py"), "--ns-a", self.a, "--ns-b", self.b,
                                       "--dev-a", self.dev_a, "--dev-b", self.dev_b, "--addr-a", ADDR_A, "--addr-b", ADDR_B,
-                                      "--delay-ms", str(delay_ms), "--loss", str(loss), "--seed", str(seed)],
+                                      "--delay-ms", str(delay_ms), "--loss", str(loss), "--seed", str(seed), *trace],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if self.line.stdout.readline().strip() != "ready":
             raise RuntimeError(f"delay line did not start: {self.line.stderr.read()}")
-        self.path_key = (delay_ms, loss, seed)
+        self.path_key = (delay_ms, loss, seed, trace)
         self.shaped = None
 
     def line_report(self) -> dict:
@@ -364,6 +365,17 @@ class Testbed:
         burst = max(3028, int(rate_mbit * 1e6 / 8 * BUCKET_S))
         self.ip("tc", "qdisc", "replace", "dev", self.dev_a, "root", "tbf", "rate", f"{rate_mbit}mbit",
                 "burst", str(burst), "latency", f"{queue_ms}ms", ns=self.a)
+
+    def qdisc_drops(self) -> int:
+        """Packets tbf has dropped at A's egress so far (its queue overflowed)."""
+        out = subprocess.run(["ip", "netns", "exec", self.a, "tc", "-s", "qdisc", "show", "dev", self.dev_a],
+                             capture_output=True, text=True).stdout
+        found = re.search(r"dropped (\d+)", out)
+        return int(found.group(1)) if found else 0
+
+    def unshape(self) -> None:
+        """No tbf: a trace-driven delay line is the rate."""
+        subprocess.run(["ip", "netns", "exec", self.a, "tc", "qdisc", "del", "dev", self.dev_a, "root"], capture_output=True)
 
     def __exit__(self, *exc) -> None:
         self._stop_line()
@@ -414,6 +426,42 @@ def measure_flows(bed: Testbed, size: int, reps: int, pause: float, k: int) -> l
     return exchange(bed, "tcp", "--send-flows", [], [str(size), str(reps), str(pause), str(k)], timeout=3600)
 
 
+class WindowSampler:
+    """Samples the kernel's windows in A while a measurement runs (`ss -tin` every 50 ms): the mean
+    of the connections' total cwnd (segments) and of their smoothed RTT, over samples with any
+    connection sending."""
+
+    def __init__(self, bed: Testbed, every_s: float = 0.05):
+        import threading
+
+        self.bed, self.every_s = bed, every_s
+        self.totals: list[float] = []
+        self.rtts: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            out = subprocess.run(["ip", "netns", "exec", self.bed.a, "ss", "-tin", "dst", ADDR_B], capture_output=True,
+                                 text=True).stdout
+            cwnds = [float(x) for x in re.findall(r"\bcwnd:(\d+)", out)]
+            if "unacked:" in out:  # (ss shows it only while something is in flight)
+                self.totals.append(sum(cwnds))
+                self.rtts += [float(x) for x in re.findall(r"\brtt:([\d.]+)/", out)]
+
+    def __enter__(self) -> "WindowSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def summary(self) -> dict:
+        return {"mean_total_cwnd": statistics.fmean(self.totals) if self.totals else None,
+                "mean_rtt_ms": statistics.fmean(self.rtts) if self.rtts else None, "samples": len(self.totals)}
+
+
 def flows_record(case: dict, k: int, runs: list[list[float]], args, framing: Framing, params: TcpParams) -> dict:
     kernel = rank_medians(runs)
     draws = max(len(runs), MODEL_DRAWS) if case["loss"] > 0 else len(runs)
@@ -424,14 +472,16 @@ def flows_record(case: dict, k: int, runs: list[list[float]], args, framing: Fra
             "emulated_s": emulated, "ratios": [e / q for e, q in zip(emulated, kernel)], "kernel_runs": runs}
 
 
+def emit(rec: dict, as_json: bool, line: str) -> None:
+    """One record: as JSON, or as its line of the table."""
+    print(json.dumps(rec) if as_json else line, flush=True)
+
+
 def show_flows(rec: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(rec), flush=True)
-        return
-    print(f"{rec['flows']} flows {rec['cc']} {rec['rate_mbps']:>5g} Mbit/s {rec['delay_ms']:>4g} ms {100 * rec['loss']:>4g} % "
-          f"q{rec['queue_ms']:>5g} ms {rec['payload_bytes']:>9,} B, by rank: kernel "
-          f"{' '.join(f'{t:.2f}' for t in rec['kernel_s'])} s; emulated {' '.join(f'{t:.2f}' for t in rec['emulated_s'])} s; "
-          f"ratios {' '.join(f'{r:.2f}' for r in rec['ratios'])}", flush=True)
+    emit(rec, as_json, f"{rec['flows']} flows {rec['cc']} {rec['rate_mbps']:>5g} Mbit/s {rec['delay_ms']:>4g} ms "
+                       f"{100 * rec['loss']:>4g} % q{rec['queue_ms']:>5g} ms {rec['payload_bytes']:>9,} B, by rank: kernel "
+                       f"{' '.join(f'{t:.2f}' for t in rec['kernel_s'])} s; emulated "
+                       f"{' '.join(f'{t:.2f}' for t in rec['emulated_s'])} s; ratios {' '.join(f'{r:.2f}' for r in rec['ratios'])}")
 
 
 def floats(text: str) -> list[float]:
@@ -475,6 +525,10 @@ def main() -> int:
     ap.add_argument("--cc", default="cubic", help="congestion control of both ends")
     ap.add_argument("--flows", type=int, default=1, help="K > 1: K connections started together through the one "
                                                           "bottleneck (tcp path), each flow's time by rank")
+    ap.add_argument("--traces", help="comma-separated trace files: A->B follows each (tools/validate_traces.py), "
+                                     "at --offsets seeded random start offsets")
+    ap.add_argument("--offsets", type=int, default=5, help="start offsets per trace (--traces)")
+    ap.add_argument("--bin-ms", type=float, default=100.0, help="the model's trace bins (--traces; the product's default)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print one JSON record per case instead of the table")
     ap.add_argument("--resume", metavar="FILE", help="skip the cases (and paths) that FILE (--json output) already has")
@@ -517,6 +571,12 @@ def main() -> int:
         return 0
     models = [m for m in args.models.split(",") if m]
     done = measured(args.resume) if args.resume else set()
+    if args.traces:
+        import validate_traces  # noqa: PLC0415  (it builds on this module)
+
+        with Testbed(args.medium, args.cc) as bed:
+            validate_traces.run(args, bed, framing, params)
+        return 0
     with Testbed(args.medium, args.cc) as bed:
         for case in cases(args):
             if all((case_key(case), path) in done for path in args.paths.split(",")):
@@ -525,8 +585,16 @@ def main() -> int:
             bed.shape(case["rate"], case["queue"])
             reps = args.lossy_reps if case["loss"] > 0 else args.reps
             if args.flows > 1:
-                show_flows(flows_record(case, args.flows, measure_flows(bed, case["size"], reps, args.pause, args.flows),
-                                        args, framing, params), args.json)
+                drops = bed.qdisc_drops()
+                bed.line_report()  # the delay line's counters afresh
+                with WindowSampler(bed) as windows:
+                    runs = measure_flows(bed, case["size"], reps, args.pause, args.flows)
+                rec = flows_record(case, args.flows, runs, args, framing, params)
+                rec["kernel_windows"] = windows.summary()
+                # where the losses came from: the delay line's random draws, or the queue overflowing
+                rec["random_drops"] = bed.line_report().get("dropped", 0)
+                rec["queue_drops"] = bed.qdisc_drops() - drops
+                show_flows(rec, args.json)
                 continue
             for path in args.paths.split(","):
                 if args.grid and path == "zmq" and (case["idle"] > 0 or case["loss"] > 0):

@@ -565,11 +565,14 @@ def _add_excess(excess: dict, held: dict, fid: Hashable, part: tuple[Hashable, f
     entry[1] += 1
 
 
-def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: Any = None) -> list[tuple[float, float]]:
     """Run transfers alone through a flow model (no network process): each is a mapping with
     `start` (seconds, or `after`: the index of a transfer whose arrival starts it, plus `gap`),
-    `bits`, `path`, `latency` (one way) and the keyword arguments of FlowModel.add. Returns each
-    transfer's (start, arrival). For tests and for the validation tool's side of the comparison."""
+    `bits`, `path`, `latency` (one way) and the keyword arguments of FlowModel.add. With `traces`
+    (a traces.TraceRates), its links' capacities follow it as the network process makes them
+    (emulator/transfers.py): a flow starting on a traced link looks its rate up, and the rate
+    changes at the trace's bin boundaries while a flow uses the link. Returns each transfer's
+    (start, arrival). For tests, benchmarks and the validation tool's side of the comparison."""
     import heapq
 
     out: list[list[float]] = [[INF, INF] for _ in transfers]
@@ -580,6 +583,24 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[t
         nonlocal seq
         seq += 1
         heapq.heappush(events, (t, kind, seq, payload))
+
+    on_link: dict[Hashable, int] = {}  # traced link -> flows on it
+    watched: set = set()  # traced links with a change on the clock
+
+    def watch(path: Sequence[Hashable], t: float, step: int) -> None:
+        for link in path if traces is not None else ():
+            if link not in traces:
+                continue
+            on_link[link] = on_link.get(link, 0) + step
+            if step > 0 and link not in watched:  # idle until now: its rate as of now, and its next change
+                model.capacity[link] = traces.rate(link, t)
+                next_capacity(link, t)
+
+    def next_capacity(link: Hashable, t: float) -> None:
+        at = traces.next_change(link, t)
+        if at < INF:
+            push(at, 0, ("capacity", link))
+            watched.add(link)
 
     followers: dict[int, list[int]] = {}
     for i, tr in enumerate(transfers):
@@ -595,8 +616,16 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[t
             tr = transfers[i]
             out[i][0] = t
             extra = {k: v for k, v in tr.items() if k not in ("start", "after", "gap", "bits", "path", "latency")}
+            watch(tr["path"], t, 1)
             for fid, due, version in model.add(i, tr["bits"], tr["path"], **extra):
                 push(due, 0, ("flow", fid, version))
+        elif what == "capacity":
+            link = rest[0]
+            watched.discard(link)
+            if on_link.get(link):  # (an idle link's next flow looks its rate up)
+                for fid, due, version in model.set_capacity(link, traces.rate(link, t)):
+                    push(due, 0, ("flow", fid, version))
+                next_capacity(link, t)
         else:
             fid, version = rest
             flow = model.flows.get(fid)
@@ -606,6 +635,7 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]]) -> list[t
             if finished:
                 arrival = max(t, flow.floor) + transfers[fid].get("latency", 0.0)
                 out[fid][1] = arrival
+                watch(transfers[fid]["path"], t, -1)
                 _, changed = model.remove(fid)
                 for j in followers.get(fid, []):
                     push(arrival + transfers[j].get("gap", 0.0), 1, ("start", j))
