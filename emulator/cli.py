@@ -216,7 +216,7 @@ def validate(scenario: Path, overrides: tuple[str, ...]) -> None:
     except ScenarioError as exc:
         _fail(scenario, exc)
     try:
-        task = load_task(sc)
+        task = load_task(sc, fetch=False)  # validating downloads nothing
     except ScenarioError as exc:
         click.echo(f"warning: {scenario}: not checked against its data: {exc}", err=True)
         click.echo(f"{scenario}: schema ok ({sc.population.clients} clients, {sc.rounds} rounds); its data set is not here")

@@ -216,7 +216,9 @@ class Task(Strict):
     feature_noise: float = Field(
         0.0, ge=0, description="feature skew: client i of N trains on inputs with fixed noise N(0, (this x (i+1)/N)^2)")
     data_root: Optional[str] = None
-    download: bool = False
+    download: Union[Literal["auto"], bool] = Field(
+        "auto", description="auto: fetch a missing public data set (MNIST, Fashion-MNIST, CIFAR-10) into the data root, "
+                            "verified by checksum; true: the same; false: never (a missing one is an error)")
     synthetic: Synthetic = Field(default_factory=Synthetic)
     device: str = Field(
         "auto", description="where hosts train: auto (CUDA when a GPU is visible, else the CPU; the run says which), "

@@ -104,11 +104,13 @@ def mbps(value: float | None) -> float:
     return INF if value is None else value * 1e6
 
 
-def load_task(sc: Scenario) -> TaskSpec:
+def load_task(sc: Scenario, fetch: bool = True) -> TaskSpec:
+    """The scenario's data set and model; with fetch=False a missing public data set is an error
+    whatever task.download says (validate downloads nothing)."""
     t = sc.task
     try:
         train, test = datasets.load(
-            t.dataset, t.data_root, t.download, t.dataset_options,
+            t.dataset, t.data_root, t.download if fetch else False, t.dataset_options,
             samples=t.synthetic.samples, test_samples=t.synthetic.test_samples,
             shape=tuple(t.synthetic.shape), classes=t.synthetic.classes, seed=sc.seed,
         )

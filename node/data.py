@@ -1,5 +1,5 @@
-"""Datasets and partitions. Datasets load through torchvision from a data root, never from the net
-unless the scenario allows it."""
+"""Datasets and partitions. The public data sets load from a data root in torchvision's layouts,
+fetched there on first use unless the scenario says `task.download: false` (node/download.py)."""
 from __future__ import annotations
 
 import gzip
@@ -104,26 +104,34 @@ def _read_raw(files: dict[bool, tuple[Path, Path]]) -> tuple[Dataset, Dataset]:
     return out[0], out[1]
 
 
-def _torchvision(name: str, root: Path, download: bool) -> tuple[Dataset, Dataset]:
-    files = _raw_files(name, root)
-    if files is not None:
-        return _read_raw(files)
-    from torchvision import datasets
+def fetch_if_missing(name: str, root: Path, download: bool | str) -> None:
+    """`task.download`: auto (the default) and true fetch what a public data set lacks under the
+    data root (node/download.py), false never (the reader then says what is missing); a failed
+    download is one line naming the folder."""
+    from .download import SOURCES, DownloadError, fetch
 
-    cls = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST}[name]
+    source = SOURCES[name]
+    if download is False or not source.missing(root):
+        return
+    folder = root / source.folder
     try:
-        train, test = (cls(str(root), train=flag, download=download) for flag in (True, False))
-    except RuntimeError as exc:
-        folder = root / cls.__name__ / "raw"
-        raise DataError(
-            f"dataset {name!r} not found under {folder} ({exc}). Put the raw files there, point "
-            f"task.data_root or ${ENV_DATA_ROOT} at a folder that has them, or set task.download: true "
-            "on a machine with internet access."
-        ) from None
-    return (
-        Dataset(train.data.unsqueeze(1).contiguous(), train.targets.long(), 10),
-        Dataset(test.data.unsqueeze(1).contiguous(), test.targets.long(), 10),
-    )
+        fetch(name, root)
+    except DownloadError as exc:
+        raise DataError(f"dataset {name!r} is not under {folder} and could not be downloaded ({exc}). Without internet "
+                        f"access, put the files there or point task.data_root or ${ENV_DATA_ROOT} at a folder that "
+                        "has them.") from None
+
+
+def _idx_dataset(name: str, root: Path, download: bool | str) -> tuple[Dataset, Dataset]:
+    files = _raw_files(name, root)
+    if files is None:
+        fetch_if_missing(name, root, download)
+        files = _raw_files(name, root)
+    if files is None:
+        raise DataError(f"dataset {name!r} not found under {root / FOLDERS[name] / 'raw'}. Put the raw files there, point "
+                        f"task.data_root or ${ENV_DATA_ROOT} at a folder that has them, or set task.download: auto (the "
+                        "default) on a machine with internet access.")
+    return _read_raw(files)
 
 
 def read_cifar10(root: Path) -> tuple[Dataset, Dataset]:
@@ -136,7 +144,8 @@ def read_cifar10(root: Path) -> tuple[Dataset, Dataset]:
     missing = [n for ns in names.values() for n in ns if not (folder / n).exists()]
     if missing:
         raise DataError(f"dataset 'cifar10' not found under {folder} (missing {', '.join(missing)}). Put torchvision's "
-                        f"cifar-10-batches-py folder there, or point task.data_root or ${ENV_DATA_ROOT} at its parent.")
+                        f"cifar-10-batches-py folder there, point task.data_root or ${ENV_DATA_ROOT} at its parent, or "
+                        "set task.download: auto (the default) on a machine with internet access.")
     out = []
     for train in (True, False):
         xs, ys = [], []
@@ -245,7 +254,7 @@ def synthetic(samples: int, test_samples: int, shape: tuple[int, ...], classes: 
     return draw(samples), draw(test_samples)
 
 
-def load(name: str, root: str | Path | None, download: bool = False, options: dict | None = None,
+def load(name: str, root: str | Path | None, download: bool | str = "auto", options: dict | None = None,
          **synthetic_args) -> tuple[Dataset, Dataset]:
     """A data set by its name, or a user's loader named "package.module:loader"."""
     if name == "synthetic":
@@ -256,10 +265,11 @@ def load(name: str, root: str | Path | None, download: bool = False, options: di
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     folder = Path(root) if root else default_data_root()
     if name == "cifar10":
+        fetch_if_missing(name, folder, download)
         return read_cifar10(folder)
     if name in LEAF:
         return read_leaf(folder, name)
-    return _torchvision(name, folder, download)
+    return _idx_dataset(name, folder, download)
 
 
 def load_user(path: str, root: Path, options: dict) -> tuple[Dataset, Dataset]:

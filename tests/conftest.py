@@ -16,6 +16,9 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 if not os.environ.get("EMULATOR_DATA") and SHARED_DATA.is_dir():
     os.environ["EMULATOR_DATA"] = str(SHARED_DATA)
+# No test fetches a data set from the internet: the mirrors point at a port nothing listens on
+# (tests/test_download.py serves its own over local HTTP), so a missing one fails at once.
+os.environ["EMULATOR_DATA_MIRRORS"] = "http://127.0.0.1:9/{dataset}/"
 
 
 def have_mnist() -> bool:

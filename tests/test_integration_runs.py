@@ -101,7 +101,7 @@ def scenario_text(**replace):
     (scenario_text(population="population: {clients: 2, devices: [{ms_per_sample: 1}], "
                               "links: [{up_mbps: -5, down_mbps: 1}]}"),
      "population.links[0].up_mbps: must be > 0, got -5"),
-    (scenario_text(task="task: {dataset: mnist, data_root: /nonexistent/data}"), "task.dataset: dataset 'mnist' not found"),
+    (scenario_text(task="task: {dataset: mnist, data_root: /nonexistent/data}"), "task.dataset: dataset 'mnist' is not under"),
     (scenario_text(extra="algorithm: {codec: {up: {name: int, bits: 40}}}"), "algorithm.codec.up"),
     (scenario_text(extra="topology: ring"), "topology ring runs algorithm.name fibfl, got 'fedavg'"),
     (scenario_text(population="population: {clients: 2, devices: [{ms_per_sample: 1, gflops: 10}], "
