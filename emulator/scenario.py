@@ -432,7 +432,7 @@ class Quantization(Strict):
     rules = (Ordered("b_min", "b_max"),)
 
 
-DPSGD_COMPUTE_FACTOR = 5.6  # DP-SGD's per-sample gradients against plain SGD, the CNN on a 2-core CPU (README)
+DPSGD_COMPUTE_FACTOR = 5.6  # DP-SGD's per-sample gradients against plain SGD, the CNN on a 2-core CPU (docs/guide/paper.md)
 
 
 class PrivacySpec(Strict):
@@ -454,7 +454,7 @@ class PrivacySpec(Strict):
     compute_factor: Optional[float] = Field(
         None, gt=0, description="a training session's modelled time under this mechanism relative to plain SGD; null: "
                                 f"{DPSGD_COMPUTE_FACTOR} for dpsgd (per-sample gradients of the CNN, measured on this project's "
-                                "2-core CPU: README 'DP-SGD beside the Laplace pipeline'), 1 otherwise")
+                                "2-core CPU: docs/guide/paper.md, 'DP-SGD beside the Laplace pipeline'), 1 otherwise")
     accounting_delta: float = Field(
         1e-5, gt=0, lt=1, description="the delta at which summary.json converts each client's composed zCDP to (epsilon, delta)")
 

@@ -1,7 +1,7 @@
 """What summary.json says, assembled in one place. Every entry is set by one method here: the
 conductor describes the run and its placement, the report handlers (emulator/reports.py) add what
 the processes tell, and the run writer (emulator/results.py) concludes it with the totals of its
-round rows each time it writes the file. The README's table of summary.json is this module's."""
+round rows each time it writes the file. The table of summary.json in docs/guide/running.md is this module's."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable

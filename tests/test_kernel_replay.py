@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import validate_shaping as vs  # noqa: E402
 
 GRID = REPO / "tools" / "validation" / "kernel_grid.jsonl"
-# Measured outside their band, with why (the README and the issue note give the numbers):
+# Measured outside their band, with why (docs/guide/network.md and the issue note give the numbers):
 # - after a 1 s idle gap on a 300 ms RTT the kernel restarts with one window halving where the
 #   model's RTO estimate (3 RTT decaying to RTT + 200 ms) gives two, so the model is 8 % slow;
 # - at 0.1 % loss on 6.9 MB and at 1 % loss on 1 MiB the kernel's times are bimodal (an early

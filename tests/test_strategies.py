@@ -1,5 +1,5 @@
 """Strategies as plug-ins: the registry, each strategy's own options, FedAvg/FedProx/FedAvgM by
-hand, and the README's example strategy running in real processes."""
+hand, and the guide's example strategy (docs/guide/strategies.md) running in real processes."""
 import numpy as np
 import pytest
 
@@ -113,7 +113,7 @@ def test_readme_example_is_the_shipped_strategy():
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     source = (root / "node" / "strategies" / "fedavgm.py").read_text()
-    assert "```python\n" + source + "```" in (root / "README.md").read_text()
+    assert "```python\n" + source + "```" in (root / "docs" / "guide" / "strategies.md").read_text()
 
 
 def test_a_strategy_that_raises_fails_the_run_at_once_with_the_error(tmp_path):

@@ -1,5 +1,5 @@
-"""FedAvgM (Hsu et al. 2019): FedAvg with server momentum. The README's "write your own
-strategy" example: a strategy is one class in one file, registered by name."""
+"""FedAvgM (Hsu et al. 2019): FedAvg with server momentum. The "write your own strategy" example of
+docs/guide/strategies.md: a strategy is one class in one file, registered by name."""
 from __future__ import annotations
 
 import numpy as np
