@@ -200,6 +200,12 @@ def _write_plots(run_dir: Path, err: bool = False) -> None:
         click.echo(f"plots: {len(plots)} in {run_dir / 'plots'}", err=err)
     except Exception as exc:  # plotting must never cost the results, which are already on disk
         click.echo(f"warning: plots not written ({type(exc).__name__}: {exc})", err=True)
+    try:
+        from .htmlreport import write_report
+
+        click.echo(f"report: {write_report(run_dir)}", err=err)
+    except Exception as exc:  # (the same: the CSVs are what counts)
+        click.echo(f"warning: report.html not written ({type(exc).__name__}: {exc})", err=True)
 
 
 @main.command()
@@ -264,7 +270,9 @@ def trace(run_dir: Path) -> None:
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--round", "gantt_round", type=int, help="Round for the Gantt timeline (default: the one with most dropouts).")
 def report(run_dir: Path, gantt_round: int | None) -> None:
-    """Print RUN_DIR's summary and write its plots to RUN_DIR/plots."""
+    """Print RUN_DIR's summary, write its plots to RUN_DIR/plots and the whole run on one page to
+    RUN_DIR/report.html."""
+    from .htmlreport import write_report
     from .report import ReportError, load, plot, summary_text
 
     try:
@@ -272,6 +280,7 @@ def report(run_dir: Path, gantt_round: int | None) -> None:
         click.echo(summary_text(summary))
         for path in plot(run_dir, gantt_round):
             click.echo(f"plot: {path}")
+        click.echo(f"report: {write_report(run_dir)}")
     except ReportError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

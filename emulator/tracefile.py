@@ -23,14 +23,16 @@ PHASES = (("download", "download_start", "download_end"), ("compute", "compute_s
           ("upload", "upload_start", "upload_end"), ("gossip", "gossip_start", "gossip_end"))
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """A CSV of the run directory as rows (none when the file is not there)."""
     if not path.exists():
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
 
-def _time(value: str | None) -> float | None:
+def time_of(value: str | None) -> float | None:
+    """A time cell: its float, or None when empty or not a number."""
     try:
         return float(value) if value not in (None, "") else None
     except ValueError:
@@ -48,7 +50,7 @@ def _client_events(clients: list[dict[str, str]], checkins: dict[str, list[tuple
         tid = tids[row["client"]]
         args = {"round": int(row["round"]), "outcome": row["outcome"]}
         for name, start_key, end_key in PHASES:
-            start, end = _time(row.get(start_key)), _time(row.get(end_key))
+            start, end = time_of(row.get(start_key)), time_of(row.get(end_key))
             if start is not None and end is not None:
                 yield _slice(name, CLIENTS_PID, tid, start, end, args)
     for client, spans in checkins.items():
@@ -59,7 +61,7 @@ def _client_events(clients: list[dict[str, str]], checkins: dict[str, list[tuple
 def _bytes_in_flight(transfers: list[dict[str, str]]) -> Iterator[dict[str, Any]]:
     changes: dict[float, int] = {}
     for t in transfers:
-        start, end, size = _time(t["t_start"]), _time(t["t_end"]), int(t["payload_bytes"] or 0)
+        start, end, size = time_of(t["t_start"]), time_of(t["t_end"]), int(t["payload_bytes"] or 0)
         if start is None or end is None:
             continue
         changes[start] = changes.get(start, 0) + size
@@ -71,8 +73,8 @@ def _bytes_in_flight(transfers: list[dict[str, str]]) -> Iterator[dict[str, Any]
 
 
 def trace_events(run_dir: Path) -> list[dict[str, Any]]:
-    clients = _rows(run_dir / "clients.csv")
-    transfers = _rows(run_dir / "transfers.csv")
+    clients = read_rows(run_dir / "clients.csv")
+    transfers = read_rows(run_dir / "transfers.csv")
     checkins: dict[str, list[tuple[float, float]]] = {}
     for t in transfers:
         if t["kind"] == "checkin" and t["outcome"] == "ok":
@@ -86,7 +88,7 @@ def trace_events(run_dir: Path) -> list[dict[str, Any]]:
         *({"name": "thread_name", "ph": "M", "pid": CLIENTS_PID, "tid": tid, "args": {"name": name}}
           for name, tid in tids.items()),
     ]
-    for row in _rows(run_dir / "rounds.csv"):
+    for row in read_rows(run_dir / "rounds.csv"):
         events.append(_slice(f"round {int(row['round']) + 1}", SERVER_PID, 0, float(row["t_start"]), float(row["t_end"]),
                              {"selected": row.get("selected"), "completed": row.get("completed"),
                               "failed": row.get("failed")}))

@@ -1,0 +1,165 @@
+"""RUN_DIR/report.html: a whole run on one page, readable offline in any browser.
+
+The page carries the run's data as JSON and draws it with a little vanilla JavaScript (no library,
+no network): the headline numbers, the rounds (time, who was asked and who answered, accuracy,
+bytes), a timeline with one row per client over emulated time (download, compute, upload or
+gossip, coloured; a late or dropped client's row says so), the clients that straggled or dropped
+and why, the privacy ledger as summary.json gives it, and the network process's own figures.
+`python -m emulator report RUN_DIR` writes it (a run writes it at its end, with the plots)."""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from .tracefile import PHASES, read_rows, time_of
+
+MOST_ROWS = 200  # clients in the timeline (the ones with the most rounds first); the page says when there are more
+
+
+def timeline(clients: list[dict[str, str]], most: int = MOST_ROWS) -> tuple[list[dict], int]:
+    """One row per client: its phases per round as [round, phase, start, end, outcome]; the clients
+    with the most rounds first (ties by name), at most `most`; and how many clients there were."""
+    by_client: dict[str, list] = {}
+    for row in clients:
+        slices = by_client.setdefault(row["client"], [])
+        for phase, start, end in PHASES:
+            t0, t1 = time_of(row.get(start)), time_of(row.get(end))
+            if t0 is not None and t1 is not None and t1 >= t0:
+                slices.append([int(row["round"]), phase, t0, t1, row.get("outcome", "")])
+        if not slices or slices[-1][0] != int(row["round"]):  # selected, but no phase began: a mark at selection
+            t = time_of(row.get("selected_t"))
+            if t is not None:
+                slices.append([int(row["round"]), "selected", t, t, row.get("outcome", "")])
+    ordered = sorted(by_client, key=lambda c: (-len({s[0] for s in by_client[c]}), c))
+    return [{"client": c, "slices": by_client[c]} for c in ordered[:most]], len(by_client)
+
+
+def collect(run_dir: Path) -> dict[str, Any]:
+    """What the page shows, from the run directory's files."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rounds = read_rows(run_dir / "rounds.csv")
+    clients = read_rows(run_dir / "clients.csv")
+    rows, total = timeline(clients)
+    keep = ("round", "t_start", "t_end", "duration_s", "selected", "completed", "failed", "accuracy", "test_loss",
+            "wire_bytes_down", "wire_bytes_up", "wire_bytes_peer", "bits_down", "bits_up_mean")
+    outcomes = [{k: r.get(k) for k in ("round", "client", "outcome", "link", "selected_t", "download_end", "compute_end",
+                                      "upload_end")} for r in clients if r.get("outcome") not in ("ok", "", None)]
+    return {
+        "name": run_dir.name, "scenario": summary.get("scenario"), "status": summary.get("status"),
+        "headline": {k: summary.get(k) for k in ("topology", "rounds_completed", "emulated_time_s", "best_accuracy",
+                                                  "final_accuracy", "time_to_target_s", "wire_gib_down", "wire_gib_up",
+                                                  "payload_gib_peer", "saving_vs_fp32", "wall_time_s")},
+        "rounds": [{k: r.get(k) for k in keep if k in r} for r in rounds],
+        "timeline": rows, "timeline_clients": total,
+        "stragglers": outcomes,
+        "privacy": {"settings": summary.get("privacy"), "spent": summary.get("privacy_spent")},
+        "network": summary.get("network"),
+        "client_outcomes": summary.get("client_outcomes"),
+    }
+
+
+def render(data: dict[str, Any]) -> str:
+    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # safe inside <script>
+    title = html.escape(f"{data['name']} - fl-emulator report")
+    return PAGE.replace("@TITLE@", title).replace("@DATA@", payload).replace("@SCRIPT@", SCRIPT).replace("@STYLE@", STYLE)
+
+
+def write_report(run_dir: Path) -> Path:
+    out = run_dir / "report.html"
+    out.write_text(render(collect(run_dir)))
+    return out
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>@TITLE@</title><style>@STYLE@</style></head>
+<body>
+<noscript>This report draws itself with JavaScript; the same numbers are in the run directory's CSVs and summary.json.</noscript>
+<main id="report"></main>
+<script id="run-data" type="application/json">@DATA@</script>
+<script>@SCRIPT@</script>
+</body></html>
+"""
+
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
+table{border-collapse:collapse;font-size:12px}td,th{border-bottom:1px solid #ddd;padding:2px 8px;text-align:right}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.kpi{display:inline-block;margin:0 18px 8px 0}
+.kpi b{display:block;font-size:18px}.muted{color:#777}.legend span{display:inline-block;margin-right:14px}
+.legend i{display:inline-block;width:12px;height:10px;margin-right:4px}svg text{font-size:10px;fill:#444}
+"""
+
+SCRIPT = r"""
+const RUN = JSON.parse(document.getElementById('run-data').textContent);
+const COLORS = {download: '#4c72b0', compute: '#55a868', upload: '#c44e52', gossip: '#8172b2', selected: '#999'};
+const main = document.getElementById('report');
+function el(tag, attrs, text) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function fmt(v, digits) {
+  if (v === null || v === undefined || v === '') return '-';
+  const n = Number(v);
+  return Number.isFinite(n) ? n.toLocaleString('en', {maximumFractionDigits: digits ?? 3}) : String(v);
+}
+function table(id, rows, columns) {
+  const t = el('table', {id: id}), head = el('tr');
+  columns.forEach(c => head.appendChild(el('th', {}, c)));
+  t.appendChild(head);
+  rows.forEach(r => {
+    const tr = el('tr', {'class': 'row'});
+    columns.forEach(c => tr.appendChild(el('td', {}, fmt(r[c]))));
+    t.appendChild(tr);
+  });
+  return t;
+}
+main.appendChild(el('h1', {id: 'run-name'}, RUN.name));
+main.appendChild(el('div', {'class': 'muted', id: 'run-status'}, `scenario ${RUN.scenario}, ${RUN.status}`));
+const kpis = el('div', {id: 'headline'});
+for (const [k, v] of Object.entries(RUN.headline)) {
+  const d = el('div', {'class': 'kpi'}); d.appendChild(el('b', {}, fmt(v))); d.appendChild(el('span', {}, k.replaceAll('_', ' ')));
+  kpis.appendChild(d);
+}
+main.appendChild(kpis);
+main.appendChild(el('h2', {}, 'Rounds'));
+main.appendChild(table('rounds', RUN.rounds, Object.keys(RUN.rounds[0] || {round: 0})));
+main.appendChild(el('h2', {}, 'Clients over emulated time'));
+const legend = el('div', {'class': 'legend'});
+Object.entries(COLORS).forEach(([p, c]) => { const s = el('span'); const i = el('i'); i.style.background = c; s.appendChild(i); s.appendChild(document.createTextNode(p)); legend.appendChild(s); });
+main.appendChild(legend);
+if (RUN.timeline_clients > RUN.timeline.length)
+  main.appendChild(el('div', {'class': 'muted'}, `${RUN.timeline.length} of ${RUN.timeline_clients} clients shown (those in the most rounds)`));
+const end = Math.max(1e-9, ...RUN.timeline.flatMap(r => r.slices.map(s => s[3])));
+const W = 1000, ROW = 14, LEFT = 70;
+const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+svg.setAttribute('id', 'timeline'); svg.setAttribute('width', W + LEFT); svg.setAttribute('height', ROW * RUN.timeline.length + 20);
+RUN.timeline.forEach((row, i) => {
+  const g = document.createElementNS(svg.namespaceURI, 'g');
+  g.setAttribute('class', 'client-row'); g.setAttribute('data-client', row.client);
+  const label = document.createElementNS(svg.namespaceURI, 'text');
+  label.setAttribute('x', 0); label.setAttribute('y', i * ROW + 10); label.textContent = row.client; g.appendChild(label);
+  row.slices.forEach(([round, phase, t0, t1, outcome]) => {
+    const r = document.createElementNS(svg.namespaceURI, 'rect');
+    r.setAttribute('x', LEFT + W * t0 / end); r.setAttribute('y', i * ROW + 2);
+    r.setAttribute('width', Math.max(1, W * (t1 - t0) / end)); r.setAttribute('height', ROW - 4);
+    r.setAttribute('fill', COLORS[phase] || '#999'); r.setAttribute('opacity', outcome === 'ok' ? 1 : 0.45);
+    const tip = document.createElementNS(svg.namespaceURI, 'title');
+    tip.textContent = `${row.client} round ${round}: ${phase} ${t0.toFixed(2)}-${t1.toFixed(2)} s (${outcome})`;
+    r.appendChild(tip); g.appendChild(r);
+  });
+  svg.appendChild(g);
+});
+main.appendChild(svg);
+main.appendChild(el('div', {'class': 'muted'}, `0 to ${fmt(end, 1)} s emulated`));
+main.appendChild(el('h2', {}, 'Who straggled or dropped, and why'));
+main.appendChild(RUN.stragglers.length ? table('stragglers', RUN.stragglers, Object.keys(RUN.stragglers[0]))
+                                       : el('div', {id: 'stragglers', 'class': 'muted'}, 'every selected client answered in time'));
+main.appendChild(el('h2', {}, 'Privacy ledger'));
+main.appendChild(el('pre', {id: 'privacy'}, JSON.stringify(RUN.privacy, null, 1)));
+main.appendChild(el('h2', {}, 'The network process'));
+main.appendChild(el('pre', {id: 'network'}, JSON.stringify(RUN.network, null, 1)));
+document.body.setAttribute('data-drawn', 'yes');
+"""
