@@ -3,11 +3,14 @@
 The page carries the run's data as JSON and draws it with a little vanilla JavaScript (no library,
 no network): the headline numbers, the rounds (time, who was asked and who answered, accuracy,
 bytes), a timeline with one row per client over emulated time (download, compute, upload or
-gossip, coloured; a late or dropped client's row says so), the clients that straggled or dropped
-and why, the privacy ledger as summary.json gives it, and the network process's own figures.
+gossip, coloured; a late or dropped client's bars pale), selection and outcomes by device and link
+profile, the run's plots (accuracy against time and bytes, round time by phase, a round's Gantt,
+bit-lengths; embedded), the clients that straggled or dropped and why, the privacy ledger as
+summary.json gives it, and the network process's own figures.
 `python -m emulator report RUN_DIR` writes it (a run writes it at its end, with the plots)."""
 from __future__ import annotations
 
+import base64
 import html
 import json
 from pathlib import Path
@@ -36,6 +39,30 @@ def timeline(clients: list[dict[str, str]], most: int = MOST_ROWS) -> tuple[list
     return [{"client": c, "slices": by_client[c]} for c in ordered[:most]], len(by_client)
 
 
+def by_profile(clients: list[dict[str, str]], population: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Selection and outcomes by device and link profile: how often its clients were selected, and
+    what share of those selections answered in time, came late, or dropped."""
+    profile = {r["client"]: (r.get("device", ""), r.get("link", "")) for r in population}
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in clients:
+        device, link = profile.get(row["client"], ("", row.get("link", "")))
+        entry = out.setdefault((device, link), {"device": device, "link": link, "clients": 0, "selected": 0, "ok": 0,
+                                                "late": 0, "dropped": 0, "other": 0})
+        entry["selected"] += 1
+        outcome = row.get("outcome", "")
+        key = "ok" if outcome == "ok" else "late" if outcome == "late" else "dropped" if outcome.startswith("dropped") else "other"
+        entry[key] += 1
+    for (device, link), entry in out.items():
+        entry["clients"] = sum(1 for d, k in profile.values() if (d, k) == (device, link))
+    return sorted(out.values(), key=lambda e: (-e["selected"], e["device"], e["link"]))
+
+
+def plots(run_dir: Path) -> list[dict[str, str]]:
+    """The run's PNG plots, embedded (the page stays one file)."""
+    return [{"name": png.stem.replace("_", " "), "src": "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()}
+            for png in sorted((run_dir / "plots").glob("*.png"))]
+
+
 def collect(run_dir: Path) -> dict[str, Any]:
     """What the page shows, from the run directory's files."""
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -57,6 +84,8 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "privacy": {"settings": summary.get("privacy"), "spent": summary.get("privacy_spent")},
         "network": summary.get("network"),
         "client_outcomes": summary.get("client_outcomes"),
+        "profiles": by_profile(clients, read_rows(run_dir / "population.csv")),
+        "plots": plots(run_dir),
     }
 
 
@@ -88,6 +117,7 @@ table{border-collapse:collapse;font-size:12px}td,th{border-bottom:1px solid #ddd
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.kpi{display:inline-block;margin:0 18px 8px 0}
 .kpi b{display:block;font-size:18px}.muted{color:#777}.legend span{display:inline-block;margin-right:14px}
 .legend i{display:inline-block;width:12px;height:10px;margin-right:4px}svg text{font-size:10px;fill:#444}
+figure{display:inline-block;margin:0 12px 12px 0}figcaption{color:#777;font-size:12px}
 """
 
 SCRIPT = r"""
@@ -154,6 +184,13 @@ RUN.timeline.forEach((row, i) => {
 });
 main.appendChild(svg);
 main.appendChild(el('div', {'class': 'muted'}, `0 to ${fmt(end, 1)} s emulated`));
+main.appendChild(el('h2', {}, 'Selection and outcomes by device and link profile'));
+main.appendChild(table('profiles', RUN.profiles, ['device', 'link', 'clients', 'selected', 'ok', 'late', 'dropped', 'other']));
+if (RUN.plots.length) {
+  main.appendChild(el('h2', {}, 'Plots'));
+  RUN.plots.forEach(p => { const f = el('figure'); f.appendChild(el('img', {src: p.src, alt: p.name, width: 560}));
+                           f.appendChild(el('figcaption', {}, p.name)); main.appendChild(f); });
+}
 main.appendChild(el('h2', {}, 'Who straggled or dropped, and why'));
 main.appendChild(RUN.stragglers.length ? table('stragglers', RUN.stragglers, Object.keys(RUN.stragglers[0]))
                                        : el('div', {id: 'stragglers', 'class': 'muted'}, 'every selected client answered in time'));

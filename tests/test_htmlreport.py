@@ -10,7 +10,7 @@ import pytest
 
 from conftest import read_csv, run_cli, write_scenario
 
-from emulator.htmlreport import timeline
+from emulator.htmlreport import by_profile, timeline
 
 SCENARIO = """
 name: tiny
@@ -44,6 +44,16 @@ def test_the_timeline_puts_the_clients_with_most_rounds_first():
     assert timeline(rows, most=1)[0][0]["client"] == "b"
 
 
+def test_outcomes_by_device_and_link_profile():
+    population = [{"client": "a", "device": "phone", "link": "lte"}, {"client": "b", "device": "phone", "link": "lte"},
+                  {"client": "c", "device": "laptop", "link": "wifi"}]
+    clients = [{"client": "a", "outcome": "ok"}, {"client": "a", "outcome": "late"}, {"client": "b", "outcome": "dropped_battery"},
+               {"client": "c", "outcome": "ok"}]
+    assert by_profile(clients, population) == [
+        {"device": "phone", "link": "lte", "clients": 2, "selected": 3, "ok": 1, "late": 1, "dropped": 1, "other": 0},
+        {"device": "laptop", "link": "wifi", "clients": 1, "selected": 1, "ok": 1, "late": 0, "dropped": 0, "other": 0}]
+
+
 def test_the_report_of_a_small_run_renders_in_chromium(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", SCENARIO)), "--out", str(out), "--quiet", timeout=180)
@@ -64,3 +74,4 @@ def test_the_report_of_a_small_run_renders_in_chromium(tmp_path):
     clients = {r["client"] for r in read_csv(out / "clients.csv")}
     drawn = set(re.findall(r'<g class="client-row" data-client="([^"]+)">', dom))
     assert drawn == clients and len(drawn) >= 3
+    assert '<table id="profiles">' in dom and dom.count('<img src="data:image/png;base64,') == len(list((out / "plots").glob("*.png"))) > 0
