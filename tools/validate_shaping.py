@@ -269,6 +269,33 @@ def emulated_flow_times(size: int, rate_bps: float, delay_s: float, loss: float,
     return out
 
 
+def model_windows(size: int, rate_bps: float, delay_s: float, loss: float, queue_s: float, k: int, framing: Framing,
+                  params: TcpParams, seed: int = 0) -> dict:
+    """One draw of the model's K flows, watched at every rebalance: the time-weighted mean of the
+    flows' total window (segments) and of the link's use, to set beside the kernel's (WindowSampler)."""
+    up_a = ("up", "a")
+    model = FlowModel({up_a: rate_bps}, TcpTransport(params), queue_s={up_a: queue_s})
+    seg_bits = (framing.mss + framing.segment_overhead) * 8.0
+    samples: list[tuple[float, float, float]] = []
+    rebalance = model._rebalance
+
+    def watched(force=None):
+        changed = rebalance(force)
+        flows = [f for f in model.flows.values() if f.active]
+        samples.append((model.t, sum(f.tcp.conn.cwnd for f in flows), sum(f.rate for f in flows if f.rate < float("inf"))))
+        return changed
+
+    model._rebalance = watched
+    simulate(model, [dict(start=0.0, bits=framing.link_bytes(size + HEADER) * 8.0, path=[up_a], latency=delay_s,
+                          connection=("ab", i), rtt=2 * delay_s, seg_bits=seg_bits, mss=framing.mss, loss=loss,
+                          rng=np.random.default_rng([seed, 0, i, 1])) for i in range(k)])
+    span = samples[-1][0] - samples[0][0] if len(samples) > 1 else 0.0
+    if span <= 0:
+        return {"mean_total_cwnd": None, "utilisation": None}
+    weighted = lambda i: sum(s[i] * (n[0] - s[0]) for s, n in zip(samples, samples[1:])) / span  # noqa: E731
+    return {"mean_total_cwnd": weighted(1), "utilisation": weighted(2) / rate_bps}
+
+
 def rank_medians(runs: list[list[float]]) -> list[float]:
     """The median of each rank (the fastest flow's, the second's, ...) over repetitions."""
     return [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
@@ -591,6 +618,8 @@ def main() -> int:
                     runs = measure_flows(bed, case["size"], reps, args.pause, args.flows)
                 rec = flows_record(case, args.flows, runs, args, framing, params)
                 rec["kernel_windows"] = windows.summary()
+                rec["model_windows"] = model_windows(case["size"], case["rate"] * 1e6, case["delay"] / 1000, case["loss"],
+                                                     case["queue"] / 1000, args.flows, framing, params, args.seed)
                 # where the losses came from: the delay line's random draws, or the queue overflowing
                 rec["random_drops"] = bed.line_report().get("dropped", 0)
                 rec["queue_drops"] = bed.qdisc_drops() - drops

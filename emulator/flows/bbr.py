@@ -25,7 +25,10 @@ What Linux does, and what the flow model makes of it:
   drained (one RTT), then back to probing bandwidth. Linux skips it when a flow restarts from idle
   and takes the idle restart's sample as the new minimum; so does this.
 - Loss: the rate is not cut (a lost segment costs its bytes and, near the tail, its recovery time,
-  which the transport adds). Linux's packet conservation during recovery is not modelled.
+  which the transport adds). In startup, the recovery a loss begins holds the window at what is in
+  flight for a round (Linux's packet conservation): that round's window does not grow, which costs
+  a lossy startup about a round per loss episode. In probe bandwidth the pacing rate, not the
+  window, sets what is in flight, and conservation is not modelled there.
 - Idle restart: BBR is a `cong_control` module, so Linux does not cut its window after idleness
   (tcp_slow_start_after_idle skips such modules): a flow after a pause paces at its estimate
   with its window at once.
@@ -70,6 +73,7 @@ class BbrState:
     rate_before_probe: float = 0.0  # the flow's rate when the 1.25 phase began
     probe_rtt_until: float = -INF  # while now < this, the window is MIN_CWND
     saved_cwnd: float = 0.0  # the window the min-RTT probe restores
+    conserving: bool = False  # startup: a loss began recovery, so this round's ACKs do not grow the window
 
 
 def startup_window(cwnd: float, acked: float, btlbw: float, rtprop: float, seg_bits: float) -> float:
@@ -138,8 +142,9 @@ class Bbr(CongestionControl):
         cc = conn.cc
         sent = max(0.0, conn.cwnd * st.seg_bits - st.budget)
         plateau(cc, sent / st.rtt if st.rtt > 0 else 0.0)
-        window = min(startup_window(conn.cwnd, sent / st.seg_bits, cc.btlbw, cc.rtprop, st.seg_bits),
-                     receive_window(self.p, st.mss))
+        acked = 0.0 if cc.conserving else sent / st.seg_bits  # packet conservation: recovery's round does not grow it
+        cc.conserving = False
+        window = min(startup_window(conn.cwnd, acked, cc.btlbw, cc.rtprop, st.seg_bits), receive_window(self.p, st.mss))
         st.pacing = max(st.pacing, HIGH_GAIN * cc.btlbw)
         if cc.filled:
             conn.ssthresh = 0.0  # the connection's next flows begin in probe bandwidth
@@ -214,5 +219,9 @@ class Bbr(CongestionControl):
         st.round_end = INF
 
     def on_loss(self, st: Any, now: float, cwnd: float) -> float:
-        """The rate is not cut (BBRv1 ignores random loss)."""
+        """The rate is not cut (BBRv1 ignores random loss). In startup, the recovery it begins holds
+        the window at what is in flight for a round (Linux's packet conservation,
+        bbr_set_cwnd_to_recover_or_restore): that round's ACKs do not grow it."""
+        if st.phase == "ss":
+            st.conn.cc.conserving = True
         return st.conn.cwnd
