@@ -101,14 +101,20 @@ def bbr_band(rec):
 
 
 def test_bbr_replayed_against_recorded_kernel_bbr_times():
-    """The BBR model against kernel BBR (`validate_shaping.py --grid --cc bbr --json`, the cases
-    measured so far: tools/validation/kernel_grid_bbr.jsonl), every case within its band."""
+    """The BBR model against kernel BBR (`validate_shaping.py --grid --cc bbr --models tcp --paths tcp
+    --json`: the issue's whole grid over TCP, 192 cases; tools/validation/kernel_grid_bbr.jsonl),
+    every case within its band."""
     class Args:
         pause, seed = 0.05, 1
 
     params = vs.TcpParams(congestion_control="bbr")
     recs = [json.loads(line) for line in BBR_GRID.read_text().splitlines() if line.startswith("{")]
-    assert len(recs) >= 40
+    rates, delays, sizes = (5.0, 20.0, 100.0), (0.0, 10.0, 40.0, 150.0), (65536, 1048576, 6920000)
+    grid = {(r, d, 0.0, 50.0, s, 0.0) for r in rates for d in delays for s in sizes}
+    grid |= {(r, d, loss, q, s, 0.0) for r in rates for d in delays for loss in (0.001, 0.01) for q in (50.0, 1000.0) for s in sizes}
+    grid |= {(r, d, 0.0, 50.0, 1048576, 1.0) for r in rates for d in delays}
+    assert {tuple(vs.record_case(r).values()) for r in recs} == grid and len(recs) == 192  # the whole grid, over TCP
+    assert all(r["reps"] >= 9 for r in recs if r["loss"] > 0)
     outside = {}
     for rec in recs:
         new = vs.record(vs.record_case(rec), rec["path"], "tcp", rec["kernel_times"], Args, vs.TUN_FRAMING, params)

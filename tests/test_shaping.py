@@ -1,6 +1,7 @@
-"""Fidelity against the kernel: one delayed case of tools/validate_shaping.py, run for real
-between two network namespaces joined by the TUN delay line, with tbf for the rate, when the
-machine allows it (root, iproute2, /dev/net/tun); skipped with the reason otherwise."""
+"""Fidelity against the kernel: a delayed case of tools/validate_shaping.py under CUBIC, one under
+BBR with loss, and one over a replayed cellular trace, run for real between two network namespaces
+joined by the TUN delay line (tbf for the rate, or the trace), when the machine allows it (root,
+iproute2, /dev/net/tun); skipped with the reason otherwise."""
 import json
 import subprocess
 import sys
@@ -50,6 +51,25 @@ def test_bbr_model_agrees_with_kernel_bbr_where_cubic_would_not():
     cubic = vs.emulated_seconds("tcp", "tcp", 1048576, 20e6, 0.04, 0.01, 0.05, 0.0, 41, 0.05, vs.TUN_FRAMING,
                                 vs.TcpParams(congestion_control="cubic"), 1)
     assert bbr["kernel_s"] < sorted(cubic)[len(cubic) // 2], (bbr, sorted(cubic))
+    assert namespaces() <= before
+
+
+def test_a_trace_case_against_the_kernel_replaying_the_same_trace():
+    # the delay line replays a Mahimahi LTE uplink as mm-link does and the model runs its 100 ms
+    # bins from the same offset: 1 MiB at 20 ms one way, within [0.85, 1.15] of the kernel's median
+    trace = REPO.parent / "shared" / "data" / "traces" / "mahimahi" / "TMobile-LTE-short.up"
+    if not trace.exists():
+        pytest.skip(f"{trace} is not here (the shared test data's traces)")
+    before = namespaces()
+    res = subprocess.run([sys.executable, str(REPO / "tools" / "validate_shaping.py"), "--traces", str(trace), "--offsets", "1",
+                          "--delays-ms", "20", "--sizes", "1048576", "--queues-ms", "100", "--reps", "3", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    if res.stdout.startswith("SKIPPED"):
+        pytest.skip(res.stdout.strip())
+    records = [json.loads(line) for line in res.stdout.splitlines()]
+    case = next(r for r in records if "summary" not in r)
+    assert case["reps"] == 3 and 0.85 <= case["ratio"] <= 1.15, case
     assert namespaces() <= before
 
 

@@ -27,7 +27,9 @@ What Linux does, and what the flow model makes of it:
 - Loss: the rate is not cut (a lost segment costs its bytes and, near the tail, its recovery time,
   which the transport adds). In startup, the recovery a loss begins holds the window at what is in
   flight for a round (Linux's packet conservation): that round's window does not grow, which costs
-  a lossy startup about a round per loss episode. In probe bandwidth the pacing rate, not the
+  a lossy startup about a round per loss episode; the round after it completes the recovery and
+  grows, so at most every other round is held (else three held rounds in a row would end startup
+  at a fraction of the link's rate, which kernel BBR does not do: 100 Mbit/s, 150 ms, 1 %). In probe bandwidth the pacing rate, not the
   window, sets what is in flight, and conservation is not modelled there.
 - Idle restart: BBR is a `cong_control` module, so Linux does not cut its window after idleness
   (tcp_slow_start_after_idle skips such modules): a flow after a pause paces at its estimate
@@ -74,6 +76,7 @@ class BbrState:
     probe_rtt_until: float = -INF  # while now < this, the window is MIN_CWND
     saved_cwnd: float = 0.0  # the window the min-RTT probe restores
     conserving: bool = False  # startup: a loss began recovery, so this round's ACKs do not grow the window
+    conserved: bool = False  # the last round was such a round (the next one repairs and grows)
 
 
 def startup_window(cwnd: float, acked: float, btlbw: float, rtprop: float, seg_bits: float) -> float:
@@ -142,8 +145,11 @@ class Bbr(CongestionControl):
         cc = conn.cc
         sent = max(0.0, conn.cwnd * st.seg_bits - st.budget)
         plateau(cc, sent / st.rtt if st.rtt > 0 else 0.0)
-        acked = 0.0 if cc.conserving else sent / st.seg_bits  # packet conservation: recovery's round does not grow it
-        cc.conserving = False
+        # packet conservation holds the first round of a recovery; the round after it finishes that
+        # recovery (Linux restores the window and grows it again), so at most every other round is held
+        held = cc.conserving and not cc.conserved
+        acked = 0.0 if held else sent / st.seg_bits
+        cc.conserving, cc.conserved = False, held
         window = min(startup_window(conn.cwnd, acked, cc.btlbw, cc.rtprop, st.seg_bits), receive_window(self.p, st.mss))
         st.pacing = max(st.pacing, HIGH_GAIN * cc.btlbw)
         if cc.filled:
@@ -221,7 +227,8 @@ class Bbr(CongestionControl):
     def on_loss(self, st: Any, now: float, cwnd: float) -> float:
         """The rate is not cut (BBRv1 ignores random loss). In startup, the recovery it begins holds
         the window at what is in flight for a round (Linux's packet conservation,
-        bbr_set_cwnd_to_recover_or_restore): that round's ACKs do not grow it."""
+        bbr_set_cwnd_to_recover_or_restore): that round's ACKs do not grow it. A new recovery can
+        begin only once this one is over, so the round after a held one grows whatever it lost."""
         if st.phase == "ss":
             st.conn.cc.conserving = True
         return st.conn.cwnd
