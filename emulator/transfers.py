@@ -73,6 +73,9 @@ class Transfers:
         # Trace-driven links: each one's rate is looked up when a flow starts on it while it has
         # none, then moves at its trace's bin boundaries while it has flows (an idle link costs no event).
         self.traces = TraceRates(cfg.traces) if cfg.traces else None
+        for (direction, actor) in cfg.traces:  # a traced link's nominal rate is its trace's mean (world.py)
+            link = cfg.link(actor)
+            self.flows.nominal[(direction, actor)] = link.up_bps if direction == "up" else link.down_bps
         self.on_link: dict[tuple, set[int]] = {}  # trace-driven link -> the transfers using it
         self.change_pending: set[tuple] = set()  # trace-driven links whose next change is on the clock
 

@@ -223,3 +223,32 @@ def test_a_run_on_synthetic_fading_uplinks_is_a_function_of_its_seed(tmp_path):
         assert res.returncode == 0, res.stderr
         digests.append(hashlib.md5((out / "transfers.csv").read_bytes()).hexdigest())
     assert digests[0] == digests[1] != digests[2]
+
+
+def test_a_flow_that_starts_in_an_outage_keeps_slow_start_and_its_rtt(tmp_path):
+    """A trace with no capacity for its first 0.5 s, then 12.112 Mbit/s (1000 segments a second):
+    nothing gets through the outage, so no ACK ends the first round and slow start goes on when the
+    capacity comes (in the kernel the segments wait in the bottleneck's queue); the segment's
+    serialization in the flow's RTT is at the trace's mean rate, not at the outage's 1 kbit/s (which
+    would put 12 s in every round). The transfer ends within a round of the same one started at
+    0.5 s on the static link (the held round ends at its first check after segments got through,
+    which is up to an RTT early)."""
+    from emulator.flows.links import simulate
+    from emulator.flows.traces import TraceRates
+    from emulator.flows.transport import INF, TcpParams, TcpTransport
+
+    seg = 1514 * 8.0
+    trace = tmp_path / "outage.txt"
+    trace.write_text("0 0\n0.5 12.112\n")
+    link = ("up", "a")
+    transfer = dict(bits=300 * seg, path=[link], latency=0.045, connection="c", rtt=0.09, seg_bits=seg)
+    rates = TraceRates({link: TraceRef(str(trace), loop=False)})
+    fm = FlowModel({}, TcpTransport(TcpParams(hystart=False)))
+    (_, traced), = simulate(fm, [dict(start=0.0, **transfer)], traces=rates)
+    assert fm.nominal[link] == pytest.approx(12.112e6 / 2)  # the trace's mean (its two 0.5 s samples)
+    assert fm.capacity[link] == pytest.approx(12.112e6)
+    conn = fm.transport.connections["c"]
+    static = FlowModel({link: 12.112e6}, TcpTransport(TcpParams(hystart=False)))
+    (_, alone), = simulate(static, [dict(start=0.5, **transfer)])
+    assert abs(traced - alone) <= 0.092 + 1e-9
+    assert conn.ssthresh == 160 < INF  # slow start ended where the static link's does, not in the outage (at 10)

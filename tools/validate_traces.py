@@ -16,6 +16,8 @@ record gives the kernel's times, the model's (no loss: one value) and their rati
 line per trace and payload gives the median over offsets of emulated/kernel."""
 from __future__ import annotations
 
+import json
+
 import statistics
 from pathlib import Path
 
@@ -71,13 +73,31 @@ def run(args, bed: Testbed, framing: Framing, params: TcpParams) -> None:
         late = bed.line_report()
         emulated = emulated_traced(case, framing, params, args.bin_ms / 1000.0)
         kernel = statistics.median(kernel_times)
-        rec = {**case, "trace": Path(case["trace"]).name, "cc": args.cc, "reps": len(kernel_times), "kernel_s": kernel,
+        rec = {**case, "trace": Path(case["trace"]).name, "trace_path": case["trace"], "cc": args.cc, "reps": len(kernel_times), "kernel_s": kernel,
                "kernel_min_s": min(kernel_times), "kernel_max_s": max(kernel_times), "emulated_s": emulated,
                "ratio": emulated / kernel, "kernel_times": kernel_times,
                "queue_dropped": late.get("queue_dropped"), "delayline_max_late_ms": 1000 * late.get("max_lateness_s", 0.0)}
         records.append(rec)
         show(rec, args.json)
     summary(records, args.json)
+
+
+def replay(path: Path, framing: Framing, bin_s: float, roots: list[Path] = ()) -> list[dict]:
+    """The model's side again for trace records measured earlier (after a change of the model):
+    each record with its emulated time and ratio recomputed. A record's trace is found at its
+    recorded path, else by its name under `roots`."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        rec = json.loads(line)
+        if "summary" in rec:
+            continue
+        found = [Path(rec.get("trace_path", ""))] + [r / rec["trace"] for r in roots]
+        trace = next((str(f) for f in found if f.is_file()), None)
+        if trace is None:
+            raise SystemExit(f"{path}: trace {rec['trace']} not found (give its folder)")
+        emulated = emulated_traced({**rec, "trace": trace}, framing, TcpParams(congestion_control=rec["cc"]), bin_s)
+        out.append({**rec, "emulated_s": emulated, "ratio": emulated / rec["kernel_s"]})
+    return out
 
 
 def show(rec: dict, as_json: bool) -> None:

@@ -192,6 +192,9 @@ class FlowModel:
     held: dict[Hashable, list] = field(default_factory=dict)  # link -> [bits its flows' windows hold, how many]
     fill: dict[Hashable, float] = field(default_factory=dict)  # link -> the part of what they hold its buffer takes
     unsettled: bool = False  # flows were added whose rates are not computed yet
+    # a link whose capacity follows a trace: the rate its segment serialization in a flow's RTT is
+    # counted at (the trace's mean), not the rate of the moment (an outage would put 12 s in it for good)
+    nominal: dict[Hashable, float] = field(default_factory=dict)
     flow_class = Flow
 
     def advance(self, t: float) -> None:
@@ -228,7 +231,7 @@ class FlowModel:
         self.flows[fid] = flow
         if self.transport is not None:
             conn = self.transport.connection(connection, control)
-            narrowest = min((self.capacity.get(link, INF) for link in path), default=INF)
+            narrowest = min((self.nominal.get(link, self.capacity.get(link, INF)) for link in path), default=INF)
             serialization = seg_bits / narrowest if narrowest < INF else 0.0
             flow.tcp = TcpState(conn, rtt + serialization if rtt > 0 else 0.0, seg_bits, mss, loss, rng,
                                 queues=self, fid=fid, path=flow.path)
@@ -585,6 +588,8 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: A
         heapq.heappush(events, (t, kind, seq, payload))
 
     on_link: dict[Hashable, int] = {}  # traced link -> flows on it
+    for link in (traces.refs if traces is not None else ()):
+        model.nominal[link] = traces.mean(link)
     watched: set = set()  # traced links with a change on the clock
 
     def watch(path: Sequence[Hashable], t: float, step: int) -> None:

@@ -218,6 +218,10 @@ class TraceRates:
             trace = self.traces[link] = self.cache[ref.source]
         return trace
 
+    def mean(self, link) -> float:
+        """The link's mean rate over its trace (bit/s; at least OUTAGE_BPS)."""
+        return max(OUTAGE_BPS, self._trace(link).mean_bps)
+
     def rate(self, link, t: float) -> float:
         """The link's capacity at t. An outage (no capacity in the trace) is OUTAGE_BPS: the flow
         model divides by capacities (serialization, queueing delay), and at 1 kbit/s a 2 s outage

@@ -298,7 +298,11 @@ class TcpTransport:
             self._on_loss(flow, now)
         if now >= st.wakeup - 1e-12:
             control.on_wakeup(st, now)
-        if st.phase == "ss" and now >= st.round_end - 1e-12:
+        if st.phase == "ss" and now >= st.round_end - 1e-12 and self._sent_this_round(st) < 1.0:
+            # not one segment of the round got through (an outage): no ACK has come back, so the
+            # round is not over, and the window did not meet the path (slow start goes on)
+            st.round_end = now + st.rtt
+        elif st.phase == "ss" and now >= st.round_end - 1e-12:
             w, leaves = control.slow_start_round(st, share_bits_per_rtt, queue_allowance_bits)
             if leaves:
                 self._enter_ca(st, now, w)
