@@ -60,9 +60,13 @@ def test_the_probe_phase_finds_room_or_follows_the_share_down():
     state = BbrState(btlbw=100.0, rate_before_probe=100.0)
     assert after_probe(state, 100.0) == pytest.approx(100.0) and state.btlbw == 100.0
     # the share fell to 60 a cycle ago: the estimate follows it
-    state = BbrState(btlbw=100.0, rate_before_probe=60.0)
-    after_probe(state, 60.0)
+    state = BbrState(btlbw=100.0, rate_before_probe=60.0, rtprop=1.0)
+    after_probe(state, 60.0, round_bits=1.0)
     assert state.btlbw == 60.0
+    # an outage (less than a segment per min-RTT delivered): no round passed, the estimate stays
+    state = BbrState(btlbw=100 * SEG, rate_before_probe=1e3, rtprop=0.1)
+    after_probe(state, 1e3, round_bits=SEG)
+    assert state.btlbw == 100 * SEG
 
 
 # ---- a flow, by hand -------------------------------------------------------------------------------

@@ -104,13 +104,16 @@ def plateau(state: BbrState, sample: float) -> None:
     state.filled = state.full_bw_rounds >= FULL_BW_ROUNDS
 
 
-def after_probe(state: BbrState, delivered: float) -> float:
+def after_probe(state: BbrState, delivered: float, round_bits: float = 0.0) -> float:
     """The 1.25 phase ended having delivered at `delivered` bit/s: the new estimate (the max filter
     over the last cycle), and the 0.75 phase's pacing rate (0.75 of it plus what the 1.25 phase
-    left queued, which the link delivers meanwhile)."""
+    left queued, which the link delivers meanwhile). Linux counts the filter's 10 rounds in
+    deliveries: where the cycle delivered less than `round_bits` (a segment) per min-RTT, as in an
+    outage, no round passed and the estimate stays."""
     before = state.btlbw
     queued = max(0.0, PROBE_GAIN * before - delivered)  # bits per second of the phase
-    state.btlbw = max(delivered, min(before, state.rate_before_probe))
+    rounds_passed = state.rate_before_probe * state.rtprop >= round_bits
+    state.btlbw = max(delivered, min(before, state.rate_before_probe) if rounds_passed else before)
     return DRAIN_PHASE_GAIN * state.btlbw + queued
 
 
@@ -206,7 +209,7 @@ class Bbr(CongestionControl):
             st.pacing = PROBE_GAIN * cc.btlbw
             self._wake(st, now, now + cc.rtprop)
         elif cc.cycle == PROBE:  # the 0.75 phase: what the probe left queued keeps the link busy
-            st.pacing = after_probe(cc, rate)
+            st.pacing = after_probe(cc, rate, st.seg_bits)
             cc.cycle = DRAIN_PHASE
             conn.cwnd = min(probe_window(cc.btlbw, cc.rtprop, st.seg_bits), receive_window(self.p, st.mss))
             self._wake(st, now, now + cc.rtprop)
