@@ -3,7 +3,6 @@ README and docs/ that is a whole scenario validates as it is, one that is a part
 keys of the schema only) validates merged into scenarios/smoke.yaml, and the README's annotated
 copy of smoke.yaml is that file."""
 import re
-from pathlib import Path
 
 import pytest
 import yaml
