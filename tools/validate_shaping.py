@@ -250,6 +250,15 @@ def emulated_seconds(model: str, path_kind: str, size: int, rate_bps: float, del
     return times
 
 
+def k_payloads(size: int, delay_s: float, loss: float, k: int, framing: Framing, seed: int, rep: int) -> list[dict]:
+    """The K payloads of one repetition of --flows, as `simulate` takes them: fresh connections on
+    the one bottleneck ("up", "a"), started together, each with its own seeded loss draws."""
+    seg_bits = (framing.mss + framing.segment_overhead) * 8.0
+    return [dict(start=0.0, bits=framing.link_bytes(size + HEADER) * 8.0, path=[("up", "a")], latency=delay_s,
+                 connection=("ab", i), rtt=2 * delay_s, seg_bits=seg_bits, mss=framing.mss, loss=loss,
+                 rng=np.random.default_rng([seed, rep, i, 1])) for i in range(k)]
+
+
 def emulated_flow_times(size: int, rate_bps: float, delay_s: float, loss: float, queue_s: float, k: int, draws: int,
                         framing: Framing, params: TcpParams, seed: int = 0) -> list[list[float]]:
     """K fresh connections through one bottleneck, started together: per draw, each one's time
@@ -259,9 +268,7 @@ def emulated_flow_times(size: int, rate_bps: float, delay_s: float, loss: float,
     out = []
     for rep in range(draws):
         fm = FlowModel({up_a: rate_bps}, TcpTransport(params), queue_s={up_a: queue_s})
-        seq = [dict(start=0.0, bits=framing.link_bytes(size + HEADER) * 8.0, path=[up_a], latency=delay_s,
-                    connection=("ab", i), rtt=2 * delay_s, seg_bits=seg_bits, mss=framing.mss, loss=loss,
-                    rng=np.random.default_rng([seed, rep, i, 1])) for i in range(k)]
+        seq = k_payloads(size, delay_s, loss, k, framing, seed, rep)
         seq += [dict(after=i, bits=framing.link_bytes(1) * 8.0, path=[up_b], latency=delay_s, connection=("ba", i),
                      rtt=2 * delay_s, seg_bits=seg_bits, mss=framing.mss) for i in range(k)]
         arrivals = simulate(fm, seq)
@@ -275,7 +282,6 @@ def model_windows(size: int, rate_bps: float, delay_s: float, loss: float, queue
     flows' total window (segments) and of the link's use, to set beside the kernel's (WindowSampler)."""
     up_a = ("up", "a")
     model = FlowModel({up_a: rate_bps}, TcpTransport(params), queue_s={up_a: queue_s})
-    seg_bits = (framing.mss + framing.segment_overhead) * 8.0
     samples: list[tuple[float, float, float]] = []
     rebalance = model._rebalance
 
@@ -286,9 +292,7 @@ def model_windows(size: int, rate_bps: float, delay_s: float, loss: float, queue
         return changed
 
     model._rebalance = watched
-    simulate(model, [dict(start=0.0, bits=framing.link_bytes(size + HEADER) * 8.0, path=[up_a], latency=delay_s,
-                          connection=("ab", i), rtt=2 * delay_s, seg_bits=seg_bits, mss=framing.mss, loss=loss,
-                          rng=np.random.default_rng([seed, 0, i, 1])) for i in range(k)])
+    simulate(model, k_payloads(size, delay_s, loss, k, framing, seed, 0))  # the first repetition's draws
     span = samples[-1][0] - samples[0][0] if len(samples) > 1 else 0.0
     if span <= 0:
         return {"mean_total_cwnd": None, "utilisation": None}

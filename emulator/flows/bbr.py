@@ -169,11 +169,16 @@ class Bbr(CongestionControl):
     def _steady(self, st: Any, now: float) -> None:
         """Pace at the estimate in the cycle's steady phase, and wake at its end."""
         cc = st.conn.cc
-        st.conn.cwnd = min(probe_window(cc.btlbw, cc.rtprop, st.seg_bits), receive_window(self.p, st.mss))
+        self._probe_cwnd(st)
         st.pacing = cc.btlbw if cc.cycle != PROBE else PROBE_GAIN * cc.btlbw
         if cc.cycle == DRAIN_PHASE:
             cc.cycle = STEADY
         self._wake(st, now, now + (STEADY_PHASES if cc.cycle == STEADY else 1) * cc.rtprop)
+
+    def _probe_cwnd(self, st: Any) -> None:
+        """Probe bandwidth's window from the estimate as it is, capped by the receive window."""
+        cc = st.conn.cc
+        st.conn.cwnd = min(probe_window(cc.btlbw, cc.rtprop, st.seg_bits), receive_window(self.p, st.mss))
 
     def _wake(self, st: Any, now: float, phase_end: float) -> None:
         """Wake at the phase's end or for the min-RTT probe, whichever comes first."""
@@ -211,7 +216,7 @@ class Bbr(CongestionControl):
         elif cc.cycle == PROBE:  # the 0.75 phase: what the probe left queued keeps the link busy
             st.pacing = after_probe(cc, rate, st.seg_bits)
             cc.cycle = DRAIN_PHASE
-            conn.cwnd = min(probe_window(cc.btlbw, cc.rtprop, st.seg_bits), receive_window(self.p, st.mss))
+            self._probe_cwnd(st)
             self._wake(st, now, now + cc.rtprop)
         else:
             cc.cycle = STEADY
