@@ -196,7 +196,8 @@ class Network:
                                     body=env["body"], payload=env["payload"], fp32=env["fp32"])
             wire = len(unicast) + payload_frame_bytes
             tr = Transfer(-1, src, dst, env["kind"], env["round"], t, env["payload"], env["fp32"],
-                          wire, self.cfg.framing.link_bytes(wire), deliver_env, payload, (src, env["n"], i))
+                          wire, self.cfg.framing.link_bytes(wire), deliver_env, payload, (src, env["n"], i),
+                          notes=env["notes"] or None)
             self.clock.push(t, src, env["n"], i, FlowStart(tr))
 
     def _on_done(self, peer: str, env: dict[str, Any], _: list[Any]) -> None:

@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from node.accounting import Release, ledger_summary
@@ -38,6 +39,16 @@ EDGE_FIELDS = ["round", "edge", "tier", "edge_round", "t_start", "t_end", "durat
 DROP_REASONS = {"battery": "dropped_battery", "offline": "dropped_offline", "link_down": "dropped_link_down"}
 
 
+def train_loss(rows: list[dict], arrivals: list[str] | None = None) -> float | None:
+    """A round's training loss: the mean of its on-time updates' losses, summed in the order the
+    server took them (`arrivals`; an asynchronous step's rows are in that order already)."""
+    ok = [r for r in rows if r["outcome"] == "ok" and r.get("loss") is not None]
+    if arrivals is not None:
+        rank = {name: i for i, name in enumerate(arrivals)}
+        ok.sort(key=lambda r: rank.get(r["client"], len(rank)))
+    return float(np.mean([r["loss"] for r in ok])) if ok else None
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
@@ -46,7 +57,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 CSV_FILES = {"transfers": TRANSFER_FIELDS, "rounds": ROUND_FIELDS, "clients": CLIENT_FIELDS, "devices": DEVICE_FIELDS}
 # what a checkpoint keeps of the writer besides the lengths of its CSV files
-WRITER_STATE = ("device_events", "outcomes", "unassigned", "rows", "incidents", "summary", "releases")
+WRITER_STATE = ("device_events", "outcomes", "unassigned", "rows", "incidents", "summary", "releases", "diagnostics")
+# a client's diagnostics kept for this many of its latest updates (an update's row may be written a few
+# rounds after it arrived, when a late update joins a later round)
+DIAGNOSTICS_KEPT = 8
 
 
 class RunWriter:
@@ -92,10 +106,14 @@ class RunWriter:
         self._composed: dict[str, tuple[int, dict]] = {}  # ledger_summary's totals per client, kept between summaries
         # asynchronous runs: task/update timing per (dispatch, client) until the step that concludes it
         self.dispatch_timing: dict[tuple[int, str], dict[str, Any]] = {}
+        # per client, per round (an asynchronous run's dispatch) of an update: the diagnostics its
+        # sender recorded beside it (loss, nu, lambda, noise, epsilon), which the server never sees
+        self.diagnostics: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
         self.accounting_delta = ((scenario.get("algorithm") or {}).get("privacy") or {}).get("accounting_delta", 1e-5)
         if resume is not None:
             for name in WRITER_STATE:
-                setattr(self, name, resume[name])
+                if name in resume:  # a checkpoint of an earlier version may lack the newer ones
+                    setattr(self, name, resume[name])
             self.summary = Summary(self.summary)
 
     def checkpoint_state(self) -> dict:
@@ -114,6 +132,12 @@ class RunWriter:
                                                    rep.get("adjacency", "substitution")))
 
     def transfer(self, rec: dict) -> None:
+        notes = rec.pop("notes", None)
+        if notes and rec["outcome"] == "ok":
+            kept = self.diagnostics[rec["src"]]
+            kept[rec["round"]] = notes
+            if len(kept) > DIAGNOSTICS_KEPT:
+                del kept[min(kept)]
         self._transfers.writerow(rec)
         self.unassigned.append(rec)
 
@@ -210,6 +234,8 @@ class RunWriter:
         for name in list(self.device_events):  # only this round's events (or a running dispatch's) can still matter
             self.device_events[name] = [e for e in self.device_events[name] if e["t"] >= keep_since]
         ok = [c for c in clients if c["outcome"] == "ok"]
+        if not self.aggregators and "train_loss" not in rep:  # the server does not know it: its clients' records do
+            rep = {**rep, "train_loss": train_loss(clients, rep.get("arrivals"))}
         mean = lambda key: (sum(c[key] for c in ok) / len(ok)) if ok and all(c.get(key) is not None for c in ok) else None  # noqa: E731
         row = {
             "round": rep["round"], "t_start": rep["t_start"], "t_end": rep["t_end"],
@@ -260,13 +286,14 @@ class RunWriter:
         clients, edge_rows = [], []
         reports, self.edge_reports = self.edge_reports, []
         for er in reports:
-            for c in er.get("clients", []):
-                row = self._client_row(er, c, timing.get((er["round"], c["client"]), {}))
+            mine = [self._client_row(er, c, timing.get((er["round"], c["client"]), {})) for c in er.get("clients", [])]
+            for row in mine:
                 row.update(round=rep["round"], edge_round=er["round"], aggregator=er["edge"])
-                clients.append(row)
+            clients.extend(mine)
             edge_rows.append({"round": rep["round"], "edge": er["edge"], "tier": "client", "edge_round": er["round"],
                               "t_start": er["t_start"], "t_end": er["t_end"], "duration_s": er["t_end"] - er["t_start"],
-                              **{k: er.get(k) for k in ("selected", "completed", "failed", "train_loss", "rejected")},
+                              **{k: er.get(k) for k in ("selected", "completed", "failed", "rejected")},
+                              "train_loss": train_loss(mine, er.get("arrivals")),
                               **self._pair_bytes(taken, er["round"], er["edge"])})
         for c in rep.get("clients", []):
             edge = c["client"]
@@ -284,6 +311,7 @@ class RunWriter:
         row = {key: None for key in CLIENT_FIELDS}
         row.update(round=rep["round"], bits_down=rep.get("bits_down"), **timing)
         row.update({k: v for k, v in reported.items() if k in CLIENT_FIELDS})
+        row.update({k: v for k, v in self._diagnostics_of(rep, reported).items() if k in CLIENT_FIELDS})
         row["bits_up"] = reported.get("bits")
         status = reported.get("status") or {}
         row.update(checkin_t=reported.get("checkin_t"), battery=status.get("battery"), charging=status.get("charging"),
@@ -301,6 +329,16 @@ class RunWriter:
             reason = DROP_REASONS.get(lost) or next((DROP_REASONS[e["event"]] for e in events if e["event"] in DROP_REASONS), None)
             row["outcome"] = reason or ("late" if row.get("download_end") is not None else "no_update")
         return row
+
+    def _diagnostics_of(self, rep: dict, reported: dict) -> dict[str, Any]:
+        """What the client recorded beside the update this row is about: of the dispatch (an
+        asynchronous run), or of the round it was trained for (a late update joins a later one).
+        Only an update the server took has them: one that came after its round closed may or may
+        not have reached the records before the round's row, whichever process was quicker."""
+        if "samples" not in reported:  # the server's record of an update it took (node/server.py's CLIENT_FIELDS)
+            return {}
+        origin = reported["dispatch"] if "dispatch" in reported else rep["round"] - (reported.get("staleness") or 0)
+        return self.diagnostics.get(reported["client"], {}).get(origin, {})
 
     def incident(self, what: str, **details: Any) -> None:
         self.incidents.append({"what": what, **details})

@@ -37,13 +37,14 @@ class Transfer:
     frames: list[Any]
     key: tuple = ()  # (src, n, i): a name for the transfer that does not depend on arrival order
     extra_delay: float = 0.0  # jitter and retransmission delays
+    notes: dict[str, Any] | None = None  # the sender's records of the message (never delivered, never counted)
 
     def record(self, t_end: float, outcome: str, wasted: int = 0) -> dict[str, Any]:
         return {
             "id": self.tid, "round": self.round, "kind": self.kind, "src": self.src, "dst": self.dst,
             "payload_bytes": self.payload_bytes, "fp32_bytes": self.fp32_bytes, "wire_bytes": self.wire_bytes,
             "link_bytes": self.link_bytes, "t_start": self.t_start, "t_end": t_end, "outcome": outcome,
-            "wasted_bytes": wasted,
+            "wasted_bytes": wasted, **({"notes": self.notes} if self.notes else {}),
         }
 
 

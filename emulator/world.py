@@ -343,7 +343,8 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
-                          cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names))
+                          cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names),
+                          update_statistics=server.selector.update_statistics)
     return server, client
 
 

@@ -30,6 +30,10 @@ class Send:
     frames: Sequence[Any] = ()
     payload_bytes: int = 0  # encoded tensor values only
     fp32_bytes: int = 0  # what the same tensors would cost as fp32
+    # What the emulator records beside the message and never delivers: a client's diagnostics (its
+    # loss, lambda, noise scale, epsilon), which a real deployment would not send. They reach the
+    # run's records with the transfer's record and count in no byte of the message.
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 Report = Union[dict[str, Any], Callable[[], dict[str, Any]]]

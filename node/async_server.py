@@ -38,7 +38,6 @@ class AsyncServer(ServerActor):
         self.step_start = 0.0
         self.concluded: list[dict[str, Any]] = []  # client rows of the step in progress
         self.dispatched = 0  # clients dispatched during the step in progress
-        self.losses: list[float] = []
         self.stepping = False  # an aggregation is under way (aggregate_s > 0)
         self.finished = False
         self.n_max = max(cfg.samples.values(), default=0)
@@ -123,8 +122,6 @@ class AsyncServer(ServerActor):
                 state = {k: self.global_state[k] + delta[k] for k in delta}
                 self.strategy.on_update(ClientUpdate(msg.src, state, delta, float(msg.body.get("samples", 1)), record, staleness))
                 self._conclude(msg.src, d, {**row, "outcome": "ok"})
-                if msg.body.get("loss") is not None:
-                    self.losses.append(float(msg.body["loss"]))
             else:
                 self._conclude(msg.src, d, {**row, "outcome": "stale"})
         if self.strategy.ready() and not self.stepping:
@@ -175,13 +172,13 @@ class AsyncServer(ServerActor):
         base: dict[str, Any] = {
             "type": "round", "round": self.version, "t_start": self.step_start, "t_end": t_end,
             "selected": self.dispatched, "completed": len(ok), "failed": len(rows) - len(ok),
-            "rejected": self.rejected_in_step, "train_loss": float(np.mean(self.losses)) if self.losses else None,
+            "rejected": self.rejected_in_step,
             "bits_down": getattr(self.cfg.down_codec, "bits", None), "clients": rows, "account": "dispatch",
             "staleness_mean": float(np.mean(stale)) if stale else None, "staleness_max": max(stale, default=None),
             # device events since the oldest dispatch still training may belong to a later step's rows
             "keep_since": min((d.t for d in self.inflight.values()), default=t_end),
         }
-        self.step_start, self.dispatched, self.losses, self.rejected_in_step = t_end, 0, [], 0
+        self.step_start, self.dispatched, self.rejected_in_step = t_end, 0, 0
         return self._with_evaluation(base, self.version)
 
     def _finish(self, t: float, why: str | None, report=None) -> Reaction:

@@ -99,6 +99,9 @@ class ClientConfig:
     strategy: Strategy = field(default_factory=FedAvg)  # its client side: how the global model becomes this client's
     cohort: str | int = "auto"  # algorithm.cohort: the largest group of clients a host trains together
     codec_time: CodecTime | None = None  # algorithm.charge_codec_time: the host's measured codec seconds
+    # statistics the selection policy needs in every update's body (Oort: loss_rms); nothing else of
+    # the session's diagnostics crosses the wire
+    update_statistics: tuple[str, ...] = ()
 
 
 class Trainer:
@@ -236,10 +239,14 @@ class ClientActor(Checkpointable):
                 state, extras = self._decode_task(task)
             except CodecError as exc:
                 return self.reject(task, str(exc))
-            # the aggregation weight: what it trained on (all its samples unless its session is capped)
-            info = {"samples": trained_on if plan.weight is None else plan.weight, "bits": bits, "nu": nu}
+            # What the update's body carries: the aggregation weight (what it trained on: all its samples
+            # unless its session is capped) and the bit-length the payload is decoded with. Everything
+            # else the session learns of its data (loss, nu, lambda, noise, epsilon) goes to `info`, the
+            # run's records, and never crosses the wire (a real deployment's server would see it).
+            body = {"samples": trained_on if plan.weight is None else plan.weight, "bits": bits}
+            info = {"nu": nu}
             if self.cfg.checkin:
-                info["status"] = status
+                body["status"] = status
             data, indices, order = self.data, session, session_order
             if plan.indices is not None:
                 data = plan.data() if callable(plan.data) else plan.data if plan.data is not None else self.data
@@ -252,9 +259,12 @@ class ClientActor(Checkpointable):
                 out = up.encode(step.state, rng, bits=bits, reference=state, delta=self.cfg.strategy.uploads_delta,
                                 extras=step.extras)
             if out.extras_from is not None:
-                info["extras_from"] = out.extras_from
+                body["extras_from"] = out.extras_from
+            for key in self.cfg.update_statistics:  # what the selection policy asks of every update (Oort's utility)
+                body[key] = info.get(key)
             encoded = out.encoded
-            update = Send(self.profile.aggregator, "update", task.round, info, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)
+            update = Send(self.profile.aggregator, "update", task.round, body, encoded.frames, encoded.payload_bytes,
+                          encoded.fp32_bytes, notes=info)
 
             def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before
                 if generation != self.generation:

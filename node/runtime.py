@@ -126,9 +126,10 @@ class Runtime:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("t=%.6f %s -> %s %s (round %s, %d payload bytes)", t, actor, send.dst, send.kind, send.round,
                           send.payload_bytes)
+            notes = {"notes": send.notes} if send.notes else {}
             env = envelope.pack("send", src=actor, dst=send.dst, kind=send.kind, round=send.round, t=t,
                                 n=next(self.counters[actor]), body=send.body,
-                                payload=send.payload_bytes, fp32=send.fp32_bytes)
+                                payload=send.payload_bytes, fp32=send.fp32_bytes, **notes)
             sock.send_multipart([env, *send.frames], copy=False)
         for at, tag in reaction.timers:
             sock.send(envelope.pack("timer", actor=actor, at=at, tag=tag))

@@ -44,6 +44,8 @@ class Selector:
     filters_only: ClassVar[bool] = False  # True: it only says who is eligible (a Flower strategy samples itself)
     # what it selects on that a client's private data determine, unnoised (a DP mechanism does not cover it); "" none
     private_statistics: ClassVar[str] = ""
+    # the fields of a client's training statistics every update must carry to the server for it
+    update_statistics: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: SelectorOptions | Mapping[str, Any] | None = None):
         self.options = options if isinstance(options, self.Options) else self.Options.model_validate(dict(options or {}))
@@ -120,8 +122,9 @@ class Fastest(Selector):
 
 @register_selector("oort")
 class Oort(Selector):
-    private_statistics = "the clients' exact training-loss statistics (the RMS of per-sample losses)"
     """Oort (Lai et al., OSDI 2021): node/oort.py's utility, staleness bonus, pacer and exploration."""
+    private_statistics = "the clients' exact training-loss statistics (the RMS of per-sample losses)"
+    update_statistics = ("loss_rms",)
     rounds_only = True
     STATE = ("oort",)
 

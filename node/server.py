@@ -51,8 +51,10 @@ class ServerConfig:
     checkpoint_every: int | None = None  # ask for a checkpoint after every this many rounds
 
 
-CLIENT_FIELDS = ("samples", "loss", "bits", "nu", "lipschitz", "sensitivity", "noise_scale", "update_norm", "dp_epsilon",
-                 "dp_epsilon_total")
+# What an update's body tells the server of its client: its aggregation weight and the bit-length of
+# its payload. Its diagnostics (loss, lambda, noise, epsilon) reach the run's records beside the
+# message, never the server (node/actor.py's Send.notes).
+CLIENT_FIELDS = ("samples", "bits")
 
 
 @dataclass
@@ -64,7 +66,6 @@ class RoundState:
     completed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     rejected: int = 0
-    losses: list[float] = field(default_factory=list)
     bits_down: int | None = None
     clients: dict[str, dict[str, Any]] = field(default_factory=dict)  # per selected client: what it reported, outcome
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # check-in status each was selected on
@@ -226,8 +227,6 @@ class ServerActor(Checkpointable):
             rnd.clients[msg.src] = {**record, "t_update": msg.t, "outcome": "ok"}
             self.selector.feedback(msg.src, rnd.index, int(msg.body.get("samples", 1)), msg.body.get("loss_rms"),
                                    msg.t - rnd.t_start)
-            if msg.body.get("loss") is not None:
-                rnd.losses.append(float(msg.body["loss"]))
         enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round
         return self._close(msg.t) if enough or not rnd.waiting else Reaction()
 
@@ -342,8 +341,8 @@ class ServerActor(Checkpointable):
         base: dict[str, Any] = {
             "type": "round", "round": rnd.index, "t_start": rnd.t_start, "t_end": t_end,
             "selected": len(rnd.selected), "completed": len(rnd.completed), "failed": len(rnd.failed),
-            "rejected": rnd.rejected, "train_loss": float(np.mean(rnd.losses)) if rnd.losses else None,
-            "bits_down": rnd.bits_down,
+            "rejected": rnd.rejected, "bits_down": rnd.bits_down,
+            "arrivals": rnd.completed,  # the order the server took the updates in (the run's records average losses so)
             "clients": [{"client": name, **rnd.clients.get(name, {"outcome": "unknown"}),
                          "status": rnd.statuses.get(name) or None, "checkin_t": (rnd.statuses.get(name) or {}).get("checkin_t")}
                         for name in rnd.selected] + rnd.stale,

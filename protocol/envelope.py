@@ -31,7 +31,9 @@ class Defaulted:
 SCHEMA: dict[str, dict[str, Any]] = {
     "hello": {"peer": _STR, "actors": _LIST},
     "send": {"src": _STR, "dst": (str, list), "kind": _STR, "round": _INT, "t": _NUM, "n": _INT, "body": _MAP,
-             "payload": _INT, "fp32": _INT},
+             "payload": _INT, "fp32": _INT,
+             # the emulator's records of the message (a client's diagnostics): never delivered, never counted
+             "notes": Defaulted(_MAP, {})},
     # shared > 0: the payload of a send to several actors, which crosses to a peer once: with frames,
     # the peer keeps them as shared payload `shared` (in place of the one it kept); without, it uses them
     "deliver": {"src": _STR, "dst": _STR, "kind": _STR, "round": _INT, "t": _NUM, "hold": _INT, "body": _MAP,

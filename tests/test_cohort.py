@@ -143,7 +143,7 @@ def outcomes(clients, trainer, state, grouped, offline=()):
     for client, deliver in zip(clients, done):
         if callable(deliver):
             for send in deliver().sends:
-                sent[client.name] = (send.body, decode_state(send.frames)[0])
+                sent[client.name] = ({**send.body, **send.notes}, decode_state(send.frames)[0])
     return sent
 
 
