@@ -457,6 +457,11 @@ class PrivacySpec(Strict):
                                 "2-core CPU: docs/guide/paper.md, 'DP-SGD beside the Laplace pipeline'), 1 otherwise")
     accounting_delta: float = Field(
         1e-5, gt=0, lt=1, description="the delta at which summary.json converts each client's composed zCDP to (epsilon, delta)")
+    calibration: Literal["paper", "worst_case"] = Field(
+        "paper", description="laplace/gaussian: the sensitivity the noise is calibrated to. paper: Eq. 1.10's, from an "
+                             "estimated Lipschitz constant (a heuristic: the ledger says so); worst_case: 2 lr clip per local "
+                             "step over every step of the session, a bound on what one record can change (proven, "
+                             "substitution)")
 
     @property
     def resolved_compute_factor(self) -> float:
@@ -470,6 +475,7 @@ class PrivacySpec(Strict):
                  why="dpsgd spends what clip, noise_multiplier, sampling and the steps give; the run reports it "
                      "(clients.csv dp_epsilon, summary.json privacy_spent)"),
         OnlyWhen("noise_multiplier", "mechanism", ("dpsgd",)),
+        OnlyWhen("calibration", "mechanism", ("laplace", "gaussian"), value="worst_case"),
         Needs("mechanism", ("epsilon", "clip"), values=("laplace", "gaussian")),
     )
 

@@ -32,7 +32,12 @@ class Summary(dict):
                            "noise_factor_c_T": privacy.factor,
                            "horizon": sc.algorithm.privacy.horizon or sc.rounds,  # the T of c_T
                            "epsilon_per_release": epsilon / privacy.factor if core and epsilon and privacy.factor else None,
-                           "compute_factor": privacy.compute_factor}  # its sessions' time relative to plain SGD
+                           "compute_factor": privacy.compute_factor,  # its sessions' time relative to plain SGD
+                           # what the core mechanisms' noise is calibrated to (paper: a heuristic; worst_case: a bound)
+                           "calibration": privacy.calibration if core else None,
+                           # DP-SGD: the neighbouring data sets its bound is about (node/stages.py)
+                           "adjacency": {"poisson": "add_remove", "shuffle": "zero_out"}.get(privacy.sampling)
+                           if privacy.mechanism == "dpsgd" else None}
         q = sc.algorithm.quantization
         self["quantization"] = {"schedule": q.schedule, "horizon": q.horizon or sc.rounds}  # the T of the cosine
         self["topology"] = sc.topology

@@ -339,7 +339,8 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
     dp = alg.privacy
     privacy = Privacy(dp.mechanism, dp.epsilon or float("inf"), dp.delta, dp.clip,
                       noise_factor(dp.noise_factor, dp.horizon or sc.rounds, alg.local_epochs, per_round, n),
-                      dp.noise_multiplier or 0.0, dp.sampling, dp.accounting_delta, dp.resolved_compute_factor)
+                      dp.noise_multiplier or 0.0, dp.sampling, dp.accounting_delta, dp.resolved_compute_factor,
+                      dp.calibration)
     client = ClientConfig(alg.codec.up.build(), sc.seed, schedule, q.lambda_h, privacy,
                           alg.train, alg.shuffle, sc.selection.checkin, error_feedback=alg.codec.up.error_feedback, max_samples=alg.max_samples_per_round,
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,

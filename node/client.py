@@ -28,7 +28,7 @@ from .stages import Privacy, privacy_stage
 from .strategies import Strategy
 from .strategies.base import ClientStep, SessionPlan
 from .strategies.fedavg import FedAvg
-from .training import LocalTraining, TrainingResult
+from .training import LocalTraining, TrainingResult, steps_per_epoch
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +215,13 @@ class ClientActor(Checkpointable):
         samples = int(self.profile.indices.size)
         session, session_order = self._session(task.round)
         trained_on = int(session.size) if plan.indices is None else int(plan.indices.size)
+        if local.dpsgd is not None and local.dpsgd.sampling == "poisson" and session.size < samples and plan.indices is None:
+            # A capped DP-SGD session draws its Poisson batches from all the client's samples at rate
+            # B/n, for the steps the cap gives: the cap's work in expectation, and the add/remove bound
+            # holds. Batches of a fixed-size subset would make neighbours differ by substitution.
+            local = dataclasses.replace(local, dpsgd=dataclasses.replace(
+                local.dpsgd, steps=steps_per_epoch(trained_on, local.batch_size)))
+            session, session_order = self.indices, self.fixed_order
         rng = self._task_rng(task.round)
         nu = 1.0
         if self.cfg.schedule.kind == "dynamic":

@@ -26,7 +26,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from .data import Dataset
 from .models import load_numpy_state, state_to_numpy
 from .privacy import CLIP_EPSILON, LipschitzEstimate
-from .training import LocalTraining, TrainingResult, batches, device_of, steps_per_epoch, train_local
+from .training import LocalTraining, TrainingResult, batches, device_of, epoch_steps, steps_per_epoch, train_local
 
 
 @dataclass
@@ -42,7 +42,7 @@ class TrainRequest:
 
     @property
     def steps_per_epoch(self) -> int:
-        return steps_per_epoch(self.indices.size, self.cfg.batch_size)
+        return epoch_steps(self.indices.size, self.cfg)
 
     @property
     def key(self) -> tuple:

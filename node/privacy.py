@@ -130,6 +130,15 @@ def sensitivity(samples: int, lipschitz: float, lr: float, epochs: int, clip: fl
     return 2 * clip * lr * epochs / n
 
 
+def worst_case_sensitivity(samples: int, batch_size: int, lr: float, epochs: int, clip: float) -> float:
+    """A bound on how far one record can move a session's weights when each step's batch-mean
+    gradient is clipped to `clip` (in the norm the noise is calibrated in): 2 lr clip per step, over
+    every step of the session. Not only the steps that contain the record: once the two trajectories
+    differ, every later step's gradient may differ too, and each is still within the clip ball."""
+    steps = epochs * max(1, -(-int(samples) // batch_size))
+    return 2.0 * lr * clip * steps
+
+
 def noise_factor(kind: str, rounds: int, epochs: int, per_round: int, clients: int) -> float:
     """c_T of Eq. 1.11: 'code' = (T/E)(P/N) as in the authors' code (the default), 'paper' = T/P."""
     if kind == "code":

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import accounting
-from .privacy import add_noise, noise_scale, sensitivity
-from .training import DpSgd, LocalTraining, TrainingResult, poisson_rate, steps_per_epoch
+from .privacy import add_noise, noise_scale, sensitivity, worst_case_sensitivity
+from .training import DpSgd, LocalTraining, TrainingResult, epoch_steps, poisson_rate
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Privacy:
     sampling: str = "poisson"  # dpsgd: poisson | shuffle
     accounting_delta: float = 1e-5  # the delta at which spent privacy is reported as epsilon
     compute_factor: float = 1.0  # a session's modelled compute time under this mechanism, relative to plain SGD
+    calibration: str = "paper"  # laplace/gaussian: paper (Eq. 1.10's estimate) or worst_case (a bound: proven)
 
     @property
     def clip_norm(self) -> float:
@@ -45,14 +46,18 @@ class LocalDP:
         p = self.p
         if p.mechanism == "none":
             return state, None
-        sens = sensitivity(result.samples_seen, result.lipschitz, local.lr, local.epochs, p.clip)
+        if p.calibration == "worst_case":  # a bound on what one record can change: the release is proven
+            sens, guarantee = worst_case_sensitivity(result.samples_seen, local.batch_size, local.lr, local.epochs,
+                                                     p.clip), "proven"
+        else:
+            # heuristic: Eq. 1.10's sensitivity, from an estimated Lipschitz constant and the batch
+            # mean's clipping, is not a bound on what one record can change
+            sens, guarantee = sensitivity(result.samples_seen, result.lipschitz, local.lr, local.epochs, p.clip), "heuristic"
         scale = noise_scale(p.mechanism, sens, p.factor, p.epsilon, p.delta)
         info.update(lipschitz=result.lipschitz, sensitivity=sens, noise_scale=scale)
-        per_round = p.epsilon / p.factor  # Eq. 1.11 spends epsilon / c_T each round (with the estimated sensitivity)
-        # heuristic: the sensitivity is Eq. 1.10's, from an estimated Lipschitz constant and the batch
-        # mean's clipping, not a bound on what one record can change
-        release = accounting.laplace_release("update", per_round, "heuristic") if p.mechanism == "laplace" else \
-            accounting.gaussian_release("update", scale, sens, per_round, p.delta, "heuristic")
+        per_round = p.epsilon / p.factor  # Eq. 1.11 spends epsilon / c_T each round
+        release = accounting.laplace_release("update", per_round, guarantee) if p.mechanism == "laplace" else \
+            accounting.gaussian_release("update", scale, sens, per_round, p.delta, guarantee)
         return add_noise(state, p.mechanism, scale, rng), release
 
 
@@ -74,7 +79,7 @@ class DpSgdStage:
         p = self.p
         sigma = p.noise_multiplier
         if p.sampling == "poisson":
-            steps = local.epochs * steps_per_epoch(result.samples_seen, local.batch_size)
+            steps = local.epochs * epoch_steps(result.samples_seen, local)
             rdp = accounting.dpsgd_rdp(poisson_rate(result.samples_seen, local.batch_size), sigma, steps)
             rho = steps / (2.0 * sigma**2)  # zCDP without amplification: a valid, looser bound
         else:

@@ -19,6 +19,9 @@ class DpSgd:
     noise_multiplier: float
     clip: float
     sampling: str = "poisson"  # poisson: each sample in each step with probability B/n; shuffle: fixed batches
+    # Poisson steps per epoch when a capped session (algorithm.max_samples_per_round) draws its batches
+    # from all n of the client's samples: ceil(cap/B), the cap's work; None: ceil(n/B)
+    steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,13 @@ def steps_per_epoch(samples: int, batch_size: int) -> int:
     return max(1, -(-int(samples) // batch_size))
 
 
+def epoch_steps(samples: int, cfg: LocalTraining) -> int:
+    """Steps in one epoch over `samples` samples: ceil(n/B), or a capped DP-SGD session's own count."""
+    if cfg.dpsgd is not None and cfg.dpsgd.steps is not None:
+        return cfg.dpsgd.steps
+    return steps_per_epoch(samples, cfg.batch_size)
+
+
 def poisson_rate(samples: int, batch_size: int) -> float:
     """DP-SGD's Poisson sampling: the probability that a sample is in a step's batch (what the
     accountant is told, so it must be what the batches were drawn with)."""
@@ -68,7 +78,7 @@ def batches(indices: np.ndarray, cfg: LocalTraining, rng: np.random.Generator, f
     each sample is independently with probability B/n (their sizes vary; one may be empty)."""
     if cfg.dpsgd is not None and cfg.dpsgd.sampling == "poisson":
         rate = poisson_rate(indices.size, cfg.batch_size)
-        return [indices[rng.random(indices.size) < rate] for _ in range(steps_per_epoch(indices.size, cfg.batch_size))]
+        return [indices[rng.random(indices.size) < rate] for _ in range(epoch_steps(indices.size, cfg))]
     order = fixed if fixed is not None else rng.permutation(indices)
     return [order[s:s + cfg.batch_size] for s in range(0, order.size, cfg.batch_size)]
 

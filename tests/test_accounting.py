@@ -114,3 +114,45 @@ def test_proven_and_heuristic_releases_are_summed_apart():
     assert c0["basic"]["epsilon"] == pytest.approx(200.5)  # all of them, as before, per client
     assert ledger["adjacency"] == ["substitution"]
     assert ledger_summary({"c1": [core]}, 1e-5)["max_rdp_epsilon"] == 0.0  # nothing proven, nothing claimed
+
+
+# ---- a sound calibration of the core paper's mechanism (issue 43, item 3) ----------------------------
+def test_the_worst_case_sensitivity_is_twice_lr_clip_for_every_step_of_the_session():
+    from node.privacy import worst_case_sensitivity
+
+    # 100 samples in batches of 32: 4 steps an epoch, 5 epochs; each step moves at most lr * clip
+    assert worst_case_sensitivity(100, 32, 0.1, 5, 100.0) == pytest.approx(2 * 0.1 * 100.0 * 20)
+    assert worst_case_sensitivity(96, 32, 0.05, 1, 2.0) == pytest.approx(2 * 0.05 * 2.0 * 3)
+
+
+@pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
+def test_worst_case_calibration_is_a_proven_release_and_the_papers_a_heuristic(mechanism):
+    import numpy as np
+
+    from node.stages import LocalDP, Privacy
+    from node.training import LocalTraining, TrainingResult
+
+    local = LocalTraining(epochs=2, batch_size=10, lr=0.1)
+    result = TrainingResult(loss=1.0, lipschitz=3.0, samples_seen=45)
+    state = {"w": np.zeros(1000, dtype=np.float32)}
+    out = {}
+    for calibration in ("paper", "worst_case"):
+        privacy = Privacy(mechanism, epsilon=40.0, delta=1e-5, clip=1.0, factor=4.0, calibration=calibration)
+        info = {}
+        noised, release = LocalDP(privacy).privatize(state, result, local, np.random.default_rng(0), info)
+        out[calibration] = (info, release, float(np.std(noised["w"])))
+    (paper, p_release, p_std), (worst, w_release, w_std) = out["paper"], out["worst_case"]
+    assert p_release.guarantee == "heuristic" and w_release.guarantee == "proven"
+    assert w_release.adjacency == "substitution" and w_release.epsilon == p_release.epsilon == 10.0  # epsilon / c_T
+    assert worst["sensitivity"] == pytest.approx(2 * 0.1 * 1.0 * 2 * 5)  # 10 steps
+    assert worst["sensitivity"] > paper["sensitivity"]
+    assert w_std / p_std == pytest.approx(worst["noise_scale"] / paper["noise_scale"], rel=0.1)  # the noise follows
+
+
+def test_calibration_is_refused_beside_dpsgd_with_the_key():
+    from conftest import REPO, run_cli
+
+    res = run_cli("validate", str(REPO / "scenarios" / "dpsgd_mnist.yaml"), "--set", "algorithm.privacy.calibration=worst_case")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    [line] = res.stderr.strip().splitlines()
+    assert "algorithm.privacy.calibration" in line and "dpsgd" in line

@@ -177,3 +177,46 @@ def test_bad_dpsgd_settings_give_one_line(tmp_path, privacy, expected):
     res = run_cli("validate", str(write_scenario(tmp_path / "s.yaml", text)), timeout=60)
     assert res.returncode == 2 and expected in res.stderr and "Traceback" not in res.stderr
     assert len([line for line in res.stderr.splitlines() if line.strip()]) == 1
+
+
+# ---- capped sessions (issue 43, item 3) ------------------------------------------------------------
+def test_a_capped_poisson_session_draws_from_all_samples_for_the_caps_steps_and_is_accounted_so():
+    """max_samples_per_round under DP-SGD with Poisson sampling: each step's batch is drawn from all
+    n of the client's samples at rate B/n, for ceil(cap/B) steps an epoch (the cap's work in
+    expectation), and the release is the proven add/remove bound for exactly those draws. A fixed
+    subset of `cap` samples would make neighbouring data sets differ by substitution."""
+    from node.actor import Message
+    from node.client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
+    from node.stages import Privacy
+    from protocol.codecs import encode_state, make_codec
+
+    n, cap, batch, epochs, sigma = 120, 24, 8, 2, 1.1
+    train, test = synthetic(n, 10, (1, 4, 4), 3, seed=0)
+    client = ClientActor(ClientProfile("c0", 0, np.arange(n), 10.0), Trainer(TaskSpec("mlp", train, test, seed=0)),
+                         ClientConfig(make_codec("fp32"), seed=0, max_samples=cap,
+                                      privacy=Privacy("dpsgd", clip=1.0, noise_multiplier=sigma, compute_factor=1.0)))
+    drawn = []
+    original = client.trainer.train
+
+    def spy(state, indices, cfg, rng, order=None, data=None, correction=None):
+        drawn.append((indices.copy(), cfg))
+        return original(state, indices, cfg, rng, order, data, correction)
+
+    client.trainer.train = spy
+    encoded = encode_state(state_to_numpy(client.trainer.model), make_codec("fp32"), np.random.default_rng(0))
+    body = {"epochs": epochs, "batch_size": batch, "lr": 0.1, "bits": None, "n_max": n}
+    reaction = client.react(Message("server", "c0", "task", 0, 0.0, body, encoded.frames, {}))
+    assert reaction.work_s == pytest.approx(10.0 * cap * epochs / 1000)  # charged for the cap, not for n
+    out = reaction.work()()
+    [(indices, cfg)] = drawn
+    assert indices.size == n and cfg.dpsgd.steps == math.ceil(cap / batch) == 3
+    draws = np.random.default_rng(7)
+    steps = [b for _ in range(50) for b in batches(indices, cfg, draws, None)]
+    assert len(steps) == 50 * 3
+    seen = np.concatenate(steps)
+    assert np.unique(seen).size > cap  # batches reach beyond any fixed subset of cap samples
+    assert seen.size / len(steps) == pytest.approx(batch, rel=0.1)  # B samples a step on average: rate B/n
+    assert out.sends[0].body["samples"] == cap  # weighted by the cap
+    [privacy] = [r for r in out.reports if r["type"] == "privacy"]
+    assert privacy["adjacency"] == "add_remove" and privacy["guarantee"] == "proven"
+    assert tuple(privacy["rdp"]) == pytest.approx(dpsgd_rdp(batch / n, sigma, epochs * 3))

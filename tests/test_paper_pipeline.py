@@ -168,3 +168,25 @@ def test_compare_table(runs, tmp_path):
     assert "| int8 | int8 |" in (tmp_path / "compare.md").read_text()
     bad = run_cli("compare", str(tmp_path / "missing"))
     assert bad.returncode == 2 and "not a run directory" in bad.stderr
+
+
+def test_the_worst_case_calibration_gives_a_proven_budget_in_the_top_level_figures(runs, tmp_path):
+    """calibration: worst_case calibrates the Laplace noise to 2 lr clip per step over the session
+    (node/privacy.py): the releases are proven, the top-level (proven) figures hold them, and the
+    noise is the larger for it."""
+    path, dirs = runs
+    out = tmp_path / "worst"
+    sets = MODES["int8"].split("|") + ["algorithm.privacy.calibration=worst_case"]
+    res = run_cli("run", str(path), *[a for s in sets for a in ("--set", s)], "--out", str(out), timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["privacy"]["calibration"] == "worst_case"
+    spent = summary["privacy_spent"]
+    c_t = (ROUNDS / 2) * (3 / 6)
+    assert spent["max_basic_epsilon"] == pytest.approx(max(l["releases"] for l in spent["per_client"].values()) * 10000 / c_t)
+    worst, paper = read_csv(out / "clients.csv"), read_csv(dirs["int8"] / "clients.csv")
+    for w, p in zip(worst, paper):
+        assert (w["round"], w["client"]) == (p["round"], p["client"])
+        steps = 2 * -(-int(w["samples"]) // 32)  # E = 2, B = 32
+        assert float(w["sensitivity"]) == pytest.approx(2 * 0.1 * 100 * steps)
+        assert float(w["noise_scale"]) > float(p["noise_scale"])
