@@ -7,7 +7,7 @@
  * tests/test_kernels.py compares the two byte for byte.
  *
  * Every step is written so that it vectorises 8 float32 or int32 lanes to an AVX2 register:
- * b <= 16 quantizes in float32, b > 16 in float32 pairs (the exact product; no float64, whose
+ * b < 14 quantizes in float32, b >= 14 (PAIR_FROM_BITS, as dense.py's) in float32 pairs (the exact product; no float64, whose
  * vectors are half as wide), and codes are packed in blocks of 8 interleaved lanes. Needs GCC's or
  * Clang's vector extension; elsewhere the build of this optional module fails and the numpy path
  * is used. */
@@ -21,6 +21,7 @@
 #error "the bit stream is assembled in little-endian words"
 #endif
 
+#define PAIR_FROM_BITS 14 /* dense.py's: s in float64 and stochastic rounding in exact float32 pairs from here */
 #define CHUNK 4096 /* values quantized into a local buffer before packing: stays in L1; whole blocks */
 
 
@@ -178,7 +179,7 @@ static inline size_t run_end(size_t i, size_t end, size_t slice_len) {
 }
 
 /* ---- quantization of values [start, end) into codes -------------------------------------- */
-/* float32 arithmetic for b <= 16 (dense.py's _work_dtype). The dither's counter is a 32-bit vector
+/* float32 arithmetic for b < PAIR_FROM_BITS (dense.py's _work_dtype). The dither's counter is a 32-bit vector
    of its own (a 64-bit index narrowed in the loop costs a shuffle per vector). */
 HOT static void quantize_f32(const float *x, size_t start, size_t end, size_t slice_len, const float *s,
                              float qmax, int stochastic, uint32_t key, uint32_t *codes) {
@@ -206,7 +207,7 @@ HOT static void quantize_f32(const float *x, size_t start, size_t end, size_t sl
     }
 }
 
-/* nearest rounding for b > 16, in float64 as dense.py's _codes (stochastic rounding there: quantize_pair) */
+/* nearest rounding for b >= PAIR_FROM_BITS, in float64 as dense.py's _codes (stochastic rounding there: quantize_pair) */
 HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t slice_len, const double *s,
                              double qmax, uint32_t *codes) {
     const double top = 2.0 * qmax;
@@ -230,7 +231,7 @@ HOT static void quantize_f64(const float *x, size_t start, size_t end, size_t sl
     }
 }
 
-/* Stochastic rounding for b > 16 in float32 lanes (8 to an AVX2 vector, against float64's 4), with
+/* Stochastic rounding for b >= PAIR_FROM_BITS in float32 lanes (8 to an AVX2 vector, against float64's 4), with
    the product taken exactly. Values are first clamped to +-1.5 qmax/s, past which every code is
    saturated anyway, so that nothing below converts out of range. The float64 s is split into
    s_hi + s_lo (float32 each); x*s_hi = p + e exactly (fmaf: the error-free product); r = rint(p)
@@ -322,16 +323,16 @@ HOT static uint32_t absmax_bits(const uint32_t *bits, size_t m) {
     return top;
 }
 
-/* scaling(x: f32 buffer, bits, s: f32 (b <= 16) or f64 buffer per slice, scales: f32 buffer per
+/* scaling(x: f32 buffer, bits, s: f32 (b < PAIR_FROM_BITS) or f64 buffer per slice, scales: f32 buffer per
    slice) -> bool: dense.py's _scaling in one call, where a tensor's handful of numpy calls cost more
    than its pass over the values: alpha = max|x| + 2^-52 in float64 per slice, s = qmax/alpha (in
-   float32 for b <= 16) and the float32 scale alpha/qmax sent. False where an alpha is not finite. */
+   float32 for b < PAIR_FROM_BITS) and the float32 scale alpha/qmax sent. False where an alpha is not finite. */
 static PyObject *scaling(PyObject *self, PyObject *args) {
     Py_buffer xb, sb, cb;
     int bits;
     if (!PyArg_ParseTuple(args, "y*iw*w*", &xb, &bits, &sb, &cb)) return NULL;
     PyObject *result = NULL;
-    const size_t n = (size_t)xb.len / 4, slices = (size_t)cb.len / 4, wide = bits > 16 ? 8 : 4;
+    const size_t n = (size_t)xb.len / 4, slices = (size_t)cb.len / 4, wide = bits >= PAIR_FROM_BITS ? 8 : 4;
     if (bits < 2 || bits > 32 || slices == 0 || n % slices != 0 || (size_t)sb.len != slices * wide) {
         PyErr_SetString(PyExc_ValueError, "scaling: sizes do not agree");
     } else {
@@ -386,7 +387,7 @@ static PyObject *bf16_encode(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* quantize_pack(x: f32 buffer, s: f32 (b <= 16) or f64 buffer per slice, bits, stochastic, key, out: u8 buffer) */
+/* quantize_pack(x: f32 buffer, s: f32 (b < PAIR_FROM_BITS) or f64 buffer per slice, bits, stochastic, key, out: u8 buffer) */
 static PyObject *quantize_pack(PyObject *self, PyObject *args) {
     Py_buffer xb, sb, ob;
     int bits, stochastic;
@@ -394,7 +395,7 @@ static PyObject *quantize_pack(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*iiIw*", &xb, &sb, &bits, &stochastic, &key, &ob)) return NULL;
     PyObject *result = NULL;
     const size_t n = (size_t)xb.len / 4;
-    const size_t wide = bits > 16 ? 8 : 4;
+    const size_t wide = bits >= PAIR_FROM_BITS ? 8 : 4;
     const size_t slices = (size_t)sb.len / wide;
     if (bits < 2 || bits > 32 || slices == 0 || n % slices != 0 || (size_t)ob.len != (n * bits + 7) / 8) {
         PyErr_SetString(PyExc_ValueError, "quantize_pack: sizes do not agree");
@@ -414,8 +415,8 @@ static PyObject *quantize_pack(PyObject *self, PyObject *args) {
             const size_t end = start + CHUNK < n ? start + CHUNK : n;
             uint32_t *c = straight ? (uint32_t *)(out + 4 * start) : codes;
             if (bits == 32 && stochastic) quantize_pair_32(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, c);
-            else if (bits > 16 && stochastic) quantize_pair(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, c);
-            else if (bits > 16) quantize_f64(x, start, end, slice_len, (const double *)sb.buf, qmax, c);
+            else if (bits >= PAIR_FROM_BITS && stochastic) quantize_pair(x, start, end, slice_len, (const double *)sb.buf, (int32_t)qmax, key, c);
+            else if (bits >= PAIR_FROM_BITS) quantize_f64(x, start, end, slice_len, (const double *)sb.buf, qmax, c);
             else quantize_f32(x, start, end, slice_len, (const float *)sb.buf, (float)qmax, stochastic, key, c);
             if (straight) continue;
             const size_t blocks = (end - start) / BLOCK;
