@@ -119,7 +119,7 @@ def total_gib(sc: Scenario, task: TaskSpec | None = None) -> float:
 def totals_gib(sc: Scenario, task: TaskSpec | None = None) -> tuple[float, float]:
     """(the run's payload GiB, the same counted as the core paper's code counts it). Here integer
     buffers (BatchNorm's num_batches_tracked) travel losslessly as raw int64, 8 bytes each; the
-    authors' code quantized them with the weights (docs/algorithms.md 1.11 f), ceil(b/8) bytes
+    authors' code quantized them with the weights (docs/algorithms.md 1.8), ceil(b/8) bytes
     each. VGG7 has four, the MNIST CNN none: only CIFAR-10 at N = 1000 shows it (0.006 GiB)."""
     task = task or load_task(sc)
     counters = sum(1 for v in state_to_numpy(task.build()).values() if v.dtype.kind in "iub")
