@@ -215,18 +215,10 @@ class ClientActor(Checkpointable):
         samples = int(self.profile.indices.size)
         session, session_order = self._session(task.round)
         trained_on = int(session.size) if plan.indices is None else int(plan.indices.size)
-        if local.dpsgd is not None and local.dpsgd.sampling == "poisson" and session.size < samples and plan.indices is None:
-            # A capped DP-SGD session draws its Poisson batches from all the client's samples at rate
-            # B/n, for the steps the cap gives: the cap's work in expectation, and the add/remove bound
-            # holds. Batches of a fixed-size subset would make neighbours differ by substitution.
-            local = dataclasses.replace(local, dpsgd=dataclasses.replace(
-                local.dpsgd, steps=steps_per_epoch(trained_on, local.batch_size)))
-            session, session_order = self.indices, self.fixed_order
+        if plan.indices is None and session.size < samples:
+            session, session_order, local = self._capped(session, session_order, local)
         rng = self._task_rng(task.round)
-        nu = 1.0
-        if self.cfg.schedule.kind == "dynamic":
-            nu = importance(self.labels, self.data.classes, samples, int(body.get("n_max", samples)),
-                            self.cfg.lambda_h)
+        nu = self._importance(int(body.get("n_max", samples)))
         up = self.upload_channel()
         bits = up.bits(task.round, nu)
         generation = self.generation
@@ -329,6 +321,23 @@ class ClientActor(Checkpointable):
         pick = np.random.default_rng([self.cfg.seed, round_, self.profile.index, 0x5E]).choice(self.indices.size, cap, replace=False)
         chosen = np.sort(self.indices[pick])
         return chosen, self.fixed_order[np.isin(self.fixed_order, chosen)]
+
+    def _importance(self, n_max: int) -> float:
+        """Eq. 1.7's nu_i under the dynamic schedule (n_max over the round's selected clients); 1 otherwise."""
+        if self.cfg.schedule.kind != "dynamic":
+            return 1.0
+        return importance(self.labels, self.data.classes, int(self.profile.indices.size), n_max, self.cfg.lambda_h)
+
+    def _capped(self, session: np.ndarray, order: np.ndarray, local: LocalTraining):
+        """A capped session as it trains: its subset, except under DP-SGD with Poisson sampling, where
+        its ceil(cap/B) steps an epoch draw their batches from all the client's samples at rate B/n:
+        the cap's work in expectation, and the add/remove bound holds. Batches of a fixed-size subset
+        would make neighbouring data sets differ by substitution."""
+        if local.dpsgd is None or local.dpsgd.sampling != "poisson":
+            return session, order, local
+        steps = steps_per_epoch(int(session.size), local.batch_size)
+        local = dataclasses.replace(local, dpsgd=dataclasses.replace(local.dpsgd, steps=steps))
+        return self.indices, self.fixed_order, local
 
     def _spent_with(self, release: accounting.Release) -> tuple[float, ...]:
         """This client's RDP curve with one more release (RDP composes by adding, order by order)."""
