@@ -238,9 +238,10 @@ def validate(scenario: Path, overrides: tuple[str, ...]) -> None:
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--target", type=float, help="Accuracy (0-1) for time-to-target; default: each run's eval.target_accuracy.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
-              help="Where compare.csv and compare.md go.")
+              help="Where compare.csv, compare.md and compare.html go.")
 def compare_cmd(run_dirs: tuple[Path, ...], target: float | None, out: Path) -> None:
-    """Compare RUN_DIRS: best accuracy, payload GiB, saving vs fp32, emulated time, time to target."""
+    """Compare RUN_DIRS: best accuracy, payload GiB, saving vs fp32, emulated time, time to target; and
+    compare.html, the runs' curves side by side."""
     from .compare import CompareError, compare, markdown, write
 
     try:
@@ -248,9 +249,12 @@ def compare_cmd(run_dirs: tuple[Path, ...], target: float | None, out: Path) -> 
     except CompareError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    from .htmlcompare import write_compare_html
+
     click.echo(markdown(rows), nl=False)
     csv_path, md_path = write(rows, out)
-    click.echo(f"written: {csv_path} {md_path}")
+    html_path = write_compare_html(rows, list(run_dirs), out)
+    click.echo(f"written: {csv_path} {md_path} {html_path}")
 
 
 @main.command()

@@ -3,8 +3,9 @@
 The page carries the run's data as JSON and draws it with a little vanilla JavaScript (no library,
 no network): the headline numbers, the rounds (time, who was asked and who answered, accuracy,
 bytes), a timeline with one row per client over emulated time (download, compute, upload or
-gossip, coloured; a late or dropped client's bars pale), selection and outcomes by device and link
-profile, the run's plots (accuracy against time and bytes, round time by phase, a round's Gantt,
+gossip, coloured; a late or dropped client's bars pale; paged, and zoomed to any window of time),
+the shared bottlenecks' load over time (emulator/utilisation.py), selection and outcomes by device
+and link profile, the run's plots (accuracy against time and bytes, round time by phase, a round's Gantt,
 bit-lengths; embedded), the clients that straggled or dropped and why, the privacy ledger as
 summary.json gives it, and the network process's own figures.
 `python -m emulator report RUN_DIR` writes it (a run writes it at its end, with the plots)."""
@@ -16,9 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .tracefile import PHASES, read_rows, time_of
+import yaml
 
-MOST_ROWS = 200  # clients in the timeline (the ones with the most rounds first); the page says when there are more
+from .tracefile import PHASES, read_rows, time_of
+from .utilisation import utilisation
+
+MOST_ROWS = 5000  # clients in the timeline (the ones with the most rounds first); the page says when there are more
+PAGE_ROWS = 100  # of them on one page of the timeline
 
 
 def timeline(clients: list[dict[str, str]], most: int = MOST_ROWS) -> tuple[list[dict], int]:
@@ -69,6 +74,8 @@ def collect(run_dir: Path) -> dict[str, Any]:
     rounds = read_rows(run_dir / "rounds.csv")
     clients = read_rows(run_dir / "clients.csv")
     rows, total = timeline(clients)
+    population = read_rows(run_dir / "population.csv")
+    scenario = yaml.safe_load((run_dir / "scenario.yaml").read_text()) or {}
     keep = ("round", "t_start", "t_end", "duration_s", "selected", "completed", "failed", "accuracy", "test_loss",
             "wire_bytes_down", "wire_bytes_up", "wire_bytes_peer", "bits_down", "bits_up_mean")
     outcomes = [{k: r.get(k) for k in ("round", "client", "outcome", "link", "selected_t", "download_end", "compute_end",
@@ -84,7 +91,9 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "privacy": {"settings": summary.get("privacy"), "spent": summary.get("privacy_spent")},
         "network": summary.get("network"),
         "client_outcomes": summary.get("client_outcomes"),
-        "profiles": by_profile(clients, read_rows(run_dir / "population.csv")),
+        "profiles": by_profile(clients, population),
+        "utilisation": utilisation(read_rows(run_dir / "transfers.csv"), scenario, population),
+        "page_rows": PAGE_ROWS,
         "plots": plots(run_dir),
     }
 
@@ -120,10 +129,7 @@ th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.kpi{display
 figure{display:inline-block;margin:0 12px 12px 0}figcaption{color:#777;font-size:12px}
 """
 
-SCRIPT = r"""
-const RUN = JSON.parse(document.getElementById('run-data').textContent);
-const COLORS = {download: '#4c72b0', compute: '#55a868', upload: '#c44e52', gossip: '#8172b2', selected: '#999'};
-const main = document.getElementById('report');
+HELPERS = r"""
 function el(tag, attrs, text) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
@@ -135,6 +141,12 @@ function fmt(v, digits) {
   const n = Number(v);
   return Number.isFinite(n) ? n.toLocaleString('en', {maximumFractionDigits: digits ?? 3}) : String(v);
 }
+"""
+
+SCRIPT = HELPERS + r"""
+const RUN = JSON.parse(document.getElementById('run-data').textContent);
+const COLORS = {download: '#4c72b0', compute: '#55a868', upload: '#c44e52', gossip: '#8172b2', selected: '#999'};
+const main = document.getElementById('report');
 function table(id, rows, columns) {
   const t = el('table', {id: id}), head = el('tr');
   columns.forEach(c => head.appendChild(el('th', {}, c)));
@@ -162,28 +174,78 @@ Object.entries(COLORS).forEach(([p, c]) => { const s = el('span'); const i = el(
 main.appendChild(legend);
 if (RUN.timeline_clients > RUN.timeline.length)
   main.appendChild(el('div', {'class': 'muted'}, `${RUN.timeline.length} of ${RUN.timeline_clients} clients shown (those in the most rounds)`));
-const end = Math.max(1e-9, ...RUN.timeline.flatMap(r => r.slices.map(s => s[3])));
-const W = 1000, ROW = 14, LEFT = 70;
-const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
-svg.setAttribute('id', 'timeline'); svg.setAttribute('width', W + LEFT); svg.setAttribute('height', ROW * RUN.timeline.length + 20);
-RUN.timeline.forEach((row, i) => {
-  const g = document.createElementNS(svg.namespaceURI, 'g');
-  g.setAttribute('class', 'client-row'); g.setAttribute('data-client', row.client);
-  const label = document.createElementNS(svg.namespaceURI, 'text');
-  label.setAttribute('x', 0); label.setAttribute('y', i * ROW + 10); label.textContent = row.client; g.appendChild(label);
-  row.slices.forEach(([round, phase, t0, t1, outcome]) => {
-    const r = document.createElementNS(svg.namespaceURI, 'rect');
-    r.setAttribute('x', LEFT + W * t0 / end); r.setAttribute('y', i * ROW + 2);
-    r.setAttribute('width', Math.max(1, W * (t1 - t0) / end)); r.setAttribute('height', ROW - 4);
-    r.setAttribute('fill', COLORS[phase] || '#999'); r.setAttribute('opacity', outcome === 'ok' ? 1 : 0.45);
-    const tip = document.createElementNS(svg.namespaceURI, 'title');
-    tip.textContent = `${row.client} round ${round}: ${phase} ${t0.toFixed(2)}-${t1.toFixed(2)} s (${outcome})`;
-    r.appendChild(tip); g.appendChild(r);
+const END = Math.max(1e-9, ...RUN.timeline.flatMap(r => r.slices.map(s => s[3])));
+const W = 1000, ROW = 14, LEFT = 70, PAGES = Math.max(1, Math.ceil(RUN.timeline.length / RUN.page_rows));
+const view = {page: 0, t0: 0, t1: END};
+const controls = el('div', {id: 'timeline-controls'});
+const pageLabel = el('span', {id: 'timeline-page'});
+const prev = el('button', {id: 'timeline-prev'}, 'previous'), next = el('button', {id: 'timeline-next'}, 'next');
+const from = el('input', {id: 'timeline-from', type: 'number', step: 'any', value: 0, size: 8});
+const to = el('input', {id: 'timeline-to', type: 'number', step: 'any', value: END.toFixed(3), size: 8});
+const reset = el('button', {id: 'timeline-reset'}, 'whole run');
+[prev, pageLabel, next, document.createTextNode(' emulated s from '), from, document.createTextNode(' to '), to, reset]
+  .forEach(x => controls.appendChild(x));
+main.appendChild(controls);
+const holder = el('div', {id: 'timeline-holder'});
+main.appendChild(holder);
+function drawTimeline() {
+  const rows = RUN.timeline.slice(view.page * RUN.page_rows, (view.page + 1) * RUN.page_rows);
+  const span = Math.max(1e-9, view.t1 - view.t0), x = t => LEFT + W * (t - view.t0) / span;
+  const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+  svg.setAttribute('id', 'timeline'); svg.setAttribute('width', W + LEFT); svg.setAttribute('height', ROW * rows.length + 20);
+  rows.forEach((row, i) => {
+    const g = document.createElementNS(svg.namespaceURI, 'g');
+    g.setAttribute('class', 'client-row'); g.setAttribute('data-client', row.client);
+    const label = document.createElementNS(svg.namespaceURI, 'text');
+    label.setAttribute('x', 0); label.setAttribute('y', i * ROW + 10); label.textContent = row.client; g.appendChild(label);
+    row.slices.forEach(([round, phase, t0, t1, outcome]) => {
+      if (t1 < view.t0 || t0 > view.t1) return;
+      const r = document.createElementNS(svg.namespaceURI, 'rect');
+      const a = Math.max(t0, view.t0), b = Math.min(t1, view.t1);
+      r.setAttribute('x', x(a)); r.setAttribute('y', i * ROW + 2);
+      r.setAttribute('width', Math.max(1, x(b) - x(a))); r.setAttribute('height', ROW - 4);
+      r.setAttribute('fill', COLORS[phase] || '#999'); r.setAttribute('opacity', outcome === 'ok' ? 1 : 0.45);
+      const tip = document.createElementNS(svg.namespaceURI, 'title');
+      tip.textContent = `${row.client} round ${round}: ${phase} ${t0.toFixed(2)}-${t1.toFixed(2)} s (${outcome})`;
+      r.appendChild(tip); g.appendChild(r);
+    });
+    svg.appendChild(g);
   });
-  svg.appendChild(g);
+  holder.replaceChildren(svg, el('div', {'class': 'muted'}, `${fmt(view.t0, 1)} to ${fmt(view.t1, 1)} s emulated`));
+  pageLabel.textContent = ` clients ${view.page * RUN.page_rows + 1}-${view.page * RUN.page_rows + rows.length} of ${RUN.timeline.length} (page ${view.page + 1} of ${PAGES}) `;
+}
+prev.onclick = () => { view.page = Math.max(0, view.page - 1); drawTimeline(); };
+next.onclick = () => { view.page = Math.min(PAGES - 1, view.page + 1); drawTimeline(); };
+from.onchange = to.onchange = () => { const a = Number(from.value), b = Number(to.value);
+  if (Number.isFinite(a) && Number.isFinite(b) && b > a) { view.t0 = a; view.t1 = b; drawTimeline(); } };
+reset.onclick = () => { view.t0 = 0; view.t1 = END; from.value = 0; to.value = END.toFixed(3); drawTimeline(); };
+drawTimeline();
+main.appendChild(el('h2', {}, 'Shared bottlenecks over emulated time'));
+main.appendChild(el('div', {'class': 'muted'}, 'Mbit/s per time bin, each transfer at its average rate over its lifetime (so a bin can pass the capacity where rates changed within transfers), against the capacity (dashed)'));
+const util = el('div', {id: 'utilisation'});
+RUN.utilisation.series.forEach(s => {
+  const H = 90, t = RUN.utilisation.t, w = RUN.utilisation.width_s, top = Math.max(s.capacity_mbps || 0, ...s.mbps) || 1;
+  const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+  svg.setAttribute('class', 'bottleneck'); svg.setAttribute('data-name', s.name);
+  svg.setAttribute('width', W + LEFT); svg.setAttribute('height', H + 16);
+  const tx = document.createElementNS(svg.namespaceURI, 'text');
+  tx.setAttribute('x', 0); tx.setAttribute('y', 12);
+  tx.textContent = `${s.name}: peak ${fmt(Math.max(...s.mbps), 1)} Mbit/s` + (s.capacity_mbps ? ` of ${fmt(s.capacity_mbps)}` : '');
+  svg.appendChild(tx);
+  const xs = i => LEFT + W * i / t.length, ys = v => 14 + H * (1 - v / top);
+  const path = document.createElementNS(svg.namespaceURI, 'polyline');
+  path.setAttribute('points', s.mbps.map((v, i) => `${xs(i)},${ys(v)} ${xs(i + 1)},${ys(v)}`).join(' '));
+  path.setAttribute('fill', 'none'); path.setAttribute('stroke', '#4c72b0'); svg.appendChild(path);
+  if (s.capacity_mbps) {
+    const cap = document.createElementNS(svg.namespaceURI, 'line');
+    cap.setAttribute('x1', LEFT); cap.setAttribute('x2', LEFT + W); cap.setAttribute('y1', ys(s.capacity_mbps));
+    cap.setAttribute('y2', ys(s.capacity_mbps)); cap.setAttribute('stroke', '#c44e52'); cap.setAttribute('stroke-dasharray', '4 3');
+    svg.appendChild(cap);
+  }
+  util.appendChild(svg);
 });
-main.appendChild(svg);
-main.appendChild(el('div', {'class': 'muted'}, `0 to ${fmt(end, 1)} s emulated`));
+if (!RUN.utilisation.series.length) util.textContent = 'no transfer crossed a shared bottleneck';
+main.appendChild(util);
 main.appendChild(el('h2', {}, 'Selection and outcomes by device and link profile'));
 main.appendChild(table('profiles', RUN.profiles, ['device', 'link', 'clients', 'selected', 'ok', 'late', 'dropped', 'other']));
 if (RUN.plots.length) {

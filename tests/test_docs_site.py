@@ -49,3 +49,11 @@ def test_the_site_builds_strictly(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     html = (tmp_path / "site" / "guide" / "network" / "index.html").read_text()
     assert "BBR" in html and "Links that fade" in html
+
+
+def test_the_guide_and_the_readme_carry_no_commit_hashes():
+    """History lives on the dated pages (docs/2026-*.md); the guide keeps current figures only."""
+    hashes = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+    pages = [REPO / "README.md", REPO / "docs" / "index.md", *sorted((REPO / "docs" / "guide").glob("*.md"))]
+    found = {p.name: hashes.findall(p.read_text()) for p in pages}
+    assert not {k: v for k, v in found.items() if v}

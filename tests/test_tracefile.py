@@ -11,7 +11,8 @@ SCENARIO = """
 name: traced
 rounds: 2
 task: {dataset: synthetic, model: mlp, synthetic: {samples: 120, test_samples: 40, shape: [1, 28, 28], classes: 10}}
-population: {clients: 5, hosts: 1, devices: [{ms_per_sample: 1}], links: [{up_mbps: 10, down_mbps: 20, latency_ms: 10}]}
+population: {clients: 5, hosts: 1, devices: [{ms_per_sample: 1, battery_wh: 0.01, battery_start: [0.5, 0.9], train_w: 3, j_per_mb_up: 1}],
+             links: [{up_mbps: 10, down_mbps: 20, latency_ms: 10}]}
 selection: {clients_per_round: 3}
 algorithm: {local_epochs: 1, batch_size: 10, lr: 0.05}
 """
@@ -35,8 +36,16 @@ def test_a_runs_trace_is_its_records_as_a_timeline(tmp_path):
     rounds = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
     assert [(r["ts"], r["ts"] + r["dur"]) for r in rounds] == [
         pytest.approx((float(r["t_start"]) * 1e6, float(r["t_end"]) * 1e6)) for r in read_csv(out / "rounds.csv")]
-    in_flight = [e["args"]["bytes"] for e in events if e["ph"] == "C"]
+    in_flight = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["pid"] == 1]
     assert max(in_flight) > 0 and in_flight[-1] == 0  # every transfer that began ended
+    # a battery counter per client, its level at each of its device events, as devices.csv says
+    devices = [d for d in read_csv(out / "devices.csv") if d["battery"]]
+    batteries = [e for e in events if e["ph"] == "C" and e["pid"] == 3]
+    assert len(batteries) == len(devices) > 0
+    for e, d in zip(batteries, devices):
+        assert e["name"] == f"battery {d['client']}" and e["args"]["level"] == pytest.approx(float(d["battery"]))
+        assert e["ts"] == pytest.approx(float(d["t"]) * 1e6)
+    assert len({e["name"] for e in batteries}) == len({d["client"] for d in devices}) >= 3 and min(e["args"]["level"] for e in batteries) < 0.9
 
 
 def test_the_trace_command_refuses_what_is_not_a_run(tmp_path):
