@@ -6,8 +6,8 @@ bytes), a timeline with one row per client over emulated time (download, compute
 gossip, coloured; a late or dropped client's bars pale; paged, and zoomed to any window of time),
 the shared bottlenecks' load over time (emulator/utilisation.py), selection and outcomes by device
 and link profile, the run's plots (accuracy against time and bytes, round time by phase, a round's Gantt,
-bit-lengths; embedded), the clients that straggled or dropped and why, the privacy ledger as
-summary.json gives it, and the network process's own figures.
+bit-lengths; embedded), the clients that straggled or dropped and why, the incidents, the privacy
+ledger as summary.json gives it, and the network process's own figures.
 `python -m emulator report RUN_DIR` writes it (a run writes it at its end, with the plots)."""
 from __future__ import annotations
 
@@ -90,6 +90,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "stragglers": outcomes,
         "privacy": {"settings": summary.get("privacy"), "spent": summary.get("privacy_spent")},
         "network": summary.get("network"),
+        "incidents": summary.get("incidents") or [],
         "client_outcomes": summary.get("client_outcomes"),
         "profiles": by_profile(clients, population),
         "utilisation": utilisation(read_rows(run_dir / "transfers.csv"), scenario, population),
@@ -256,6 +257,9 @@ if (RUN.plots.length) {
 main.appendChild(el('h2', {}, 'Who straggled or dropped, and why'));
 main.appendChild(RUN.stragglers.length ? table('stragglers', RUN.stragglers, Object.keys(RUN.stragglers[0]))
                                        : el('div', {id: 'stragglers', 'class': 'muted'}, 'every selected client answered in time'));
+main.appendChild(el('h2', {}, 'Incidents'));
+main.appendChild(RUN.incidents.length ? el('pre', {id: 'incidents'}, RUN.incidents.map(i => JSON.stringify(i)).join('\n'))
+                                      : el('div', {id: 'incidents', 'class': 'muted'}, 'none'));
 main.appendChild(el('h2', {}, 'Privacy ledger'));
 main.appendChild(el('pre', {id: 'privacy'}, JSON.stringify(RUN.privacy, null, 1)));
 main.appendChild(el('h2', {}, 'The network process'));

@@ -1,8 +1,9 @@
 """A run as a timeline for Perfetto UI or chrome://tracing: RUN_DIR/trace.json in the Chrome Trace
 Event format, made from the run's own records (clients.csv, rounds.csv, transfers.csv, summary.json).
 
-- Process "server": a slice per round (its emulated start to end), and a counter of the payload bytes
-  in flight over the network (every transfer adds its bytes at its start, removes them at its end).
+- Process "server": a slice per round (its emulated start to end), the server's modelled aggregation
+  at each round's end (server.aggregate_ms, on a star), and a counter of the payload bytes in flight
+  over the network (every transfer adds its bytes at its start, removes them at its end).
 - Process "clients": a track per client that took part, with its slices per round: check-in,
   download, compute, upload and gossip (a ring's), each from clients.csv's times; its outcome and
   round are the slice's arguments.
@@ -18,6 +19,8 @@ import csv
 import json
 from pathlib import Path
 from typing import Any, Iterator
+
+import yaml
 
 US = 1e6
 SERVER_PID, CLIENTS_PID, BATTERIES_PID = 1, 2, 3
@@ -74,6 +77,15 @@ def _bytes_in_flight(transfers: list[dict[str, str]]) -> Iterator[dict[str, Any]
         yield {"name": "payload bytes in flight", "ph": "C", "pid": SERVER_PID, "ts": at * US, "args": {"bytes": level}}
 
 
+def _aggregate_s(run_dir: Path) -> float:
+    """The server's modelled aggregation time of a star's rounds (server.aggregate_ms); 0 elsewhere."""
+    path = run_dir / "scenario.yaml"
+    scenario = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    if scenario.get("topology", "star") != "star":
+        return 0.0
+    return float((scenario.get("server") or {}).get("aggregate_ms") or 0.0) / 1000.0
+
+
 def _batteries(devices: list[dict[str, str]]) -> list[dict[str, Any]]:
     """A counter track per client: its battery level at each device event that reports one."""
     out = [{"name": "process_name", "ph": "M", "pid": BATTERIES_PID, "args": {"name": "batteries"}}]
@@ -101,10 +113,17 @@ def trace_events(run_dir: Path) -> list[dict[str, Any]]:
         *({"name": "thread_name", "ph": "M", "pid": CLIENTS_PID, "tid": tid, "args": {"name": name}}
           for name, tid in tids.items()),
     ]
+    aggregate_s = _aggregate_s(run_dir)
+    if aggregate_s:
+        events.append({"name": "thread_name", "ph": "M", "pid": SERVER_PID, "tid": 1, "args": {"name": "aggregation"}})
     for row in read_rows(run_dir / "rounds.csv"):
-        events.append(_slice(f"round {int(row['round']) + 1}", SERVER_PID, 0, float(row["t_start"]), float(row["t_end"]),
+        t_start, t_end = float(row["t_start"]), float(row["t_end"])
+        events.append(_slice(f"round {int(row['round']) + 1}", SERVER_PID, 0, t_start, t_end,
                              {"selected": row.get("selected"), "completed": row.get("completed"),
                               "failed": row.get("failed")}))
+        if aggregate_s:  # the server's modelled aggregation ends its round (node/server.py's _close)
+            events.append(_slice("aggregation", SERVER_PID, 1, max(t_start, t_end - aggregate_s), t_end,
+                                 {"round": int(row["round"])}))
     events += _client_events(clients, checkins, tids)
     events += _bytes_in_flight(transfers)
     events += _batteries(read_rows(run_dir / "devices.csv") if (run_dir / "devices.csv").exists() else [])

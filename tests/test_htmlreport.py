@@ -79,6 +79,7 @@ def test_the_report_of_a_small_run_renders_in_chromium(tmp_path):
     assert set(re.findall(r'<svg class="bottleneck" data-name="([^"]+)"', dom)) == {"server egress (downloads)",
                                                                                    "server ingress (uploads)"}
     assert f"of {len(clients)} (page 1 of 1)" in dom and 'id="timeline-from"' in dom
+    assert '<div id="incidents" class="muted">none</div>' in dom
 
 
 def test_utilisation_spreads_each_transfer_over_its_lifetime_by_hand():

@@ -14,6 +14,7 @@ task: {dataset: synthetic, model: mlp, synthetic: {samples: 120, test_samples: 4
 population: {clients: 5, hosts: 1, devices: [{ms_per_sample: 1, battery_wh: 0.01, battery_start: [0.5, 0.9], train_w: 3, j_per_mb_up: 1}],
              links: [{up_mbps: 10, down_mbps: 20, latency_ms: 10}]}
 selection: {clients_per_round: 3}
+server: {aggregate_ms: 40}
 algorithm: {local_epochs: 1, batch_size: 10, lr: 0.05}
 """
 
@@ -33,7 +34,10 @@ def test_a_runs_trace_is_its_records_as_a_timeline(tmp_path):
             start, end = float(c[f"{phase}_start"]), float(c[f"{phase}_end"])
             s = slices[(tracks[c["client"]], phase, int(c["round"]))]
             assert s["ts"] == pytest.approx(start * 1e6) and s["dur"] == pytest.approx((end - start) * 1e6)
-    rounds = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
+    rounds = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 0]
+    aggregation = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["tid"] == 1]
+    assert [(a["ts"] + a["dur"], a["dur"]) for a in aggregation] == [
+        pytest.approx((float(r["t_end"]) * 1e6, 40e3)) for r in read_csv(out / "rounds.csv")]
     assert [(r["ts"], r["ts"] + r["dur"]) for r in rounds] == [
         pytest.approx((float(r["t_start"]) * 1e6, float(r["t_end"]) * 1e6)) for r in read_csv(out / "rounds.csv")]
     in_flight = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["pid"] == 1]
