@@ -245,6 +245,8 @@ def ledger_summary(releases: dict[str, list[Release]], delta: float,
     flagship were a second of the conductor's CPU every 5 rounds, and growing)."""
     per_client = {}
     for name, rs in sorted(releases.items()):
+        if name == USER_LEVEL_ACTOR:
+            continue
         known = composed.get(name) if composed is not None else None
         if known is None or known[0] != len(rs):
             known = (len(rs), _client_ledger(rs, delta))
@@ -259,7 +261,23 @@ def ledger_summary(releases: dict[str, list[Release]], delta: float,
         "heuristic": _worst(per_client, "heuristic"),
         "adjacency": sorted({a for c in per_client.values() for a in c["adjacency"]}),
         "per_client": per_client,
+        **({"user_level": user_level_summary(releases[USER_LEVEL_ACTOR])} if releases.get(USER_LEVEL_ACTOR) else {}),
     }
+
+
+USER_LEVEL_ACTOR = "server"  # whose releases protect every user at once (DP-FedAvg's noise on the aggregate)
+
+
+def user_level_summary(releases: list[Release]) -> dict:
+    """What the released models spent of every user's privacy: the rounds' sampled Gaussian
+    releases composed in RDP, at their own delta (1 / N^1.1 unless set), and whether that is
+    proven (a uniform cohort) or heuristic."""
+    delta = releases[0].delta
+    rdp = tuple(sum(r.rdp[i] for r in releases) for i in range(len(ORDERS)))
+    epsilon, order = rdp_epsilon(rdp, delta)
+    return {"releases": len(releases), "epsilon": epsilon, "delta": delta, "order": order,
+            "guarantee": "proven" if all(r.guarantee == "proven" for r in releases) else "heuristic",
+            "adjacency": "add_remove (a user's whole data)"}
 
 
 def _client_ledger(releases: list[Release], delta: float) -> dict:
@@ -273,3 +291,36 @@ def _worst(per_client: dict, kind: str) -> dict:
     worst = lambda path: max((c[kind][path[0]][path[1]] for c in per_client.values()), default=0.0)  # noqa: E731
     return {"max_basic_epsilon": worst(("basic", "epsilon")), "max_basic_delta": worst(("basic", "delta")),
             "max_zcdp_epsilon": worst(("zcdp", "epsilon")), "max_rdp_epsilon": worst(("rdp", "epsilon"))}
+
+
+# ---- user-level DP (DP-FedAvg: McMahan et al. 2018; adaptive clipping: Andrew et al. 2021) -----------
+def user_level_delta(population: int) -> float:
+    """The default delta of a user-level guarantee: 1 / N^1.1, below one over the number of users."""
+    return 1.0 / max(2, population) ** 1.1
+
+
+def user_level_release(q: float, noise_multiplier: float, delta: float, guarantee: str = "proven") -> Release:
+    """One round of DP-FedAvg as a release: the sampled Gaussian mechanism on the sum of clipped
+    updates, a user in the cohort with probability q, the noise's std z times the clip. Its RDP is
+    the sampled Gaussian's (the same curve as a DP-SGD step); its epsilon is that curve's at delta."""
+    curve = dpsgd_rdp(q, noise_multiplier, 1)
+    epsilon = rdp_epsilon(curve, delta)[0]
+    return Release("model", "dpfedavg", epsilon, delta, 1.0 / (2.0 * noise_multiplier**2), curve, guarantee, "add_remove")
+
+
+def update_noise_multiplier(total: float, count_noise: float) -> float:
+    """Andrew et al. 2021, Thm. 1: with adaptive clipping, the clipped-count query costs privacy
+    too; the update's noise multiplier z_delta = (z^-2 - (2 sigma_b)^-2)^-1/2 keeps the two
+    together at z. Needs z < 2 sigma_b."""
+    if count_noise <= 0:
+        return total
+    rest = total**-2 - (2.0 * count_noise) ** -2
+    if rest <= 0:
+        raise ValueError(f"noise multiplier {total} needs count noise above {total / 2} (got {count_noise})")
+    return rest**-0.5
+
+
+def adapted_clip(clip: float, unclipped_share: float, target_quantile: float, lr: float) -> float:
+    """Andrew et al. 2021, geometric update: C <- C exp(-lr (b - gamma)), b the (noised) share of
+    updates at or under C; it moves C toward the gamma-quantile of the update norms."""
+    return clip * math.exp(-lr * (unclipped_share - target_quantile))

@@ -46,6 +46,9 @@ class Selector:
     private_statistics: ClassVar[str] = ""
     # the fields of a client's training statistics every update must carry to the server for it
     update_statistics: ClassVar[tuple[str, ...]] = ()
+    # True: every client of the pool is equally likely to be picked, what a user-level DP accountant's
+    # sampling amplification assumes; any other policy voids it (the ledger then says heuristic)
+    uniform: ClassVar[bool] = False
 
     def __init__(self, options: SelectorOptions | Mapping[str, Any] | None = None):
         self.options = options if isinstance(options, self.Options) else self.Options.model_validate(dict(options or {}))
@@ -83,6 +86,7 @@ selector_class = SELECTION_POLICIES.get  # a registered selector, or a user's su
 class Uniform(Selector):
     """Uniformly at random among the pool."""
     filters_only = True
+    uniform = True
 
     def select(self, pool: Pool, k: int, context: SelectionContext) -> list[str]:
         return select_random(list(pool), k, context.rng)

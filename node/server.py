@@ -1,6 +1,8 @@
 """The FedAvg server actor: select, broadcast, collect, aggregate, evaluate, repeat."""
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,18 +310,33 @@ class ServerActor(Checkpointable):
 
         def work():
             new_state = self.strategy.aggregate(self.global_state)
+            released = self._released(rnd.index, self.strategy.take_releases())
 
             def advance() -> Reaction:
                 self.global_state = new_state
                 report = self._report(rnd, t_end)
                 reaction = self._after_round(rnd.index, t_end)
-                reaction.reports.insert(0, report)
+                reaction.reports[0:0] = [report, *released]
                 return reaction
 
             return advance
 
         # the clients still at work hear that the round closed: they stop and upload nothing
         return Reaction(sends=[Send(told, "closed", rnd.index)] if told else [], work_s=self.cfg.aggregate_s, work=work)
+
+    def _released(self, index: int, releases: list) -> list[dict[str, Any]]:
+        """The ledger's reports of a strategy's user-level releases this round. Their sampling
+        amplification assumes a uniform choice of the cohort: under any other selection policy they
+        are heuristic, and say why."""
+        out = []
+        for release in releases:
+            why = None
+            if not self.selector.uniform:
+                release = dataclasses.replace(release, guarantee="heuristic")
+                why = f"selection.policy {self.selector.name} is not uniform: q = cohort / population does not hold"
+            out.append({"type": "privacy", "actor": "server", "round": index, **dataclasses.asdict(release),
+                        **({"why": why} if why else {})})
+        return out
 
     def _finished(self, t: float, why: str | None = None) -> dict[str, Any]:
         finished = {"type": "finished", "t": t, "rounds_with_clients": self.rounds_with_clients,

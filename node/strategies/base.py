@@ -159,6 +159,11 @@ class Strategy:
         """Selected clients whose host is gone; returns Sends."""
         return []
 
+    def take_releases(self) -> list:
+        """Privacy releases the server half made since the last call (node.accounting.Release: a
+        user-level DP step's noise on the aggregate); the server actor puts them in the run's ledger."""
+        return []
+
     def waiting_for(self) -> set[str]:
         """Clients whose messages (other than their update) this round still waits for."""
         return set()

@@ -1,0 +1,102 @@
+"""DP-FedAvg with user-level differential privacy (McMahan et al., ICLR 2018), server-side: each
+client's model update is clipped to L2 norm C, the server adds Gaussian noise of std z C to their
+sum and divides by the expected cohort, so one user's whole data changes the model by a bounded,
+noised amount. With `adaptive_clip`, C follows a target quantile of the update norms (Andrew et
+al., NeurIPS 2021), the clipped count noised and charged to the same budget.
+
+Trust model: the server sees each client's clipped update before the noise (secure aggregation,
+when it lands, removes that); the guarantee is about what the released models reveal of a user.
+Each round is a release in the run's ledger (node/accounting.py's user_level_release): the
+sampled Gaussian mechanism with q = cohort / population, composed over rounds in RDP."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from .. import accounting
+from .base import Capabilities, ClientUpdate, Options, RoundControl, State, Strategy, register
+
+
+@register("dpfedavg")
+class DpFedAvg(Strategy):
+    capabilities = Capabilities(
+        topologies=("star",), privacy=("none",),
+        privacy_why="dpfedavg adds its own noise at the server (algorithm.options.noise_multiplier); "
+                    "algorithm.privacy is local DP on each client")
+
+    class Options(Options):
+        clip: float = Field(1.0, gt=0, description="C: each client's update is clipped to this L2 norm (the start, "
+                                                    "with adaptive_clip)")
+        noise_multiplier: float = Field(1.0, gt=0, description="z: the noise on the sum of clipped updates has std z C")
+        server_lr: float = Field(1.0, gt=0, description="the step along the noised mean update")
+        adaptive_clip: bool = Field(False, description="move C toward target_quantile of the update norms (Andrew et al.)")
+        target_quantile: float = Field(0.5, gt=0, lt=1, description="gamma: the share of updates C should leave unclipped")
+        clip_lr: float = Field(0.2, gt=0, description="eta_C of the geometric clip update")
+        count_noise: Optional[float] = Field(
+            None, gt=0, description="sigma_b: std of the noise on the unclipped count; null: the cohort / 20, as Andrew "
+                                    "et al., and at least noise_multiplier (the count then takes a quarter of the budget)")
+        delta: Optional[float] = Field(None, gt=0, lt=1, description="the user-level delta; null: 1 / population^1.1")
+
+        @model_validator(mode="after")
+        def _count_noise_leaves_room(self):
+            if self.adaptive_clip and self.count_noise is not None and self.count_noise <= self.noise_multiplier / 2:
+                raise ValueError(f"count_noise must be above noise_multiplier / 2 = {self.noise_multiplier / 2:g}: the "
+                                 "clipped count and the update share one budget (Andrew et al. 2021, Thm. 1)")
+            return self
+
+    STATE = ("clip", "steps")
+
+    def __init__(self, options=None, *, seed: int = 0):
+        super().__init__(options, seed=seed)
+        self.clip = self.options.clip
+        self.steps = 0
+        self._sum: dict[str, np.ndarray] = {}
+        self._unclipped = 0
+        self._cohort = 0
+        self._population = 0
+        self._releases: list = []
+
+    def configure_round(self, control: RoundControl, global_state: State) -> dict:
+        self._cohort, self._population = len(control.selected), control.population
+        return {}
+
+    def on_update(self, update: ClientUpdate) -> None:
+        floats = [k for k, v in update.delta.items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
+        norm = math.sqrt(sum(float(np.square(update.delta[k], dtype=np.float64).sum()) for k in floats))
+        scale = min(1.0, self.clip / norm) if norm > 0 else 1.0
+        self._unclipped += norm <= self.clip
+        for k in floats:
+            part = np.asarray(update.delta[k], dtype=np.float64) * scale
+            self._sum[k] = self._sum[k] + part if k in self._sum else part
+
+    def aggregate(self, global_state: State) -> State:
+        """w + server_lr (sum of clipped updates + N(0, (z_delta C)^2)) / expected cohort."""
+        cohort = max(1, self._cohort)
+        o = self.options
+        rng = np.random.default_rng([self.seed, self.steps, 0xD9])
+        count_noise = (o.count_noise or max(cohort / 20.0, o.noise_multiplier)) if o.adaptive_clip else 0.0
+        z = accounting.update_noise_multiplier(o.noise_multiplier, count_noise)
+        out = dict(global_state)
+        for k, w in global_state.items():
+            if not np.issubdtype(w.dtype, np.floating):
+                continue
+            total = self._sum.get(k, np.zeros(w.shape)) + rng.normal(0.0, z * self.clip, size=w.shape)
+            out[k] = (w + o.server_lr * total / cohort).astype(w.dtype)
+        if o.adaptive_clip:
+            share = (self._unclipped + rng.normal(0.0, count_noise)) / cohort
+            self.clip = accounting.adapted_clip(self.clip, share, o.target_quantile, o.clip_lr)
+        if self._population:
+            q = min(1.0, cohort / self._population)
+            delta = o.delta or accounting.user_level_delta(self._population)
+            self._releases.append(accounting.user_level_release(q, o.noise_multiplier, delta))
+        self.steps += 1
+        self._sum, self._unclipped = {}, 0
+        return out
+
+    def take_releases(self) -> list:
+        """The user-level releases since the last call (the server actor puts them in the ledger)."""
+        out, self._releases = self._releases, []
+        return out
