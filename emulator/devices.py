@@ -136,7 +136,7 @@ def load_trace_file(path: str | Path) -> dict[str, Any]:
     data = path.read_bytes()
     try:
         obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except ValueError:  # not JSON: undecodable bytes, bad syntax, or a number past Python's digit limit
         try:
             obj = pickle.loads(data)  # noqa: S301  (a local file the user named, never the wire)
         except Exception as exc:  # pickle raises many unrelated types

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import io
 import os
 import signal
 
@@ -37,7 +38,10 @@ def detach_from_terminal_signals(parent_pid: int, name: str) -> None:
 def dump_stacks_on_sigusr1() -> None:
     """kill -USR1 PID prints the process's threads' stacks to its stderr: where is it stuck?"""
     if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (io.UnsupportedOperation, ValueError, AttributeError):
+            pass  # a stderr with no file descriptor (a notebook, an in-process runner): no stacks on demand
 
 
 def keep_freed_memory() -> bool:
