@@ -179,6 +179,9 @@ def _finish(summary: dict, json_progress: bool) -> None:
                    f"broke its protocol (summary.json: refused_messages)", err=json_progress)
     click.echo(f"results: {summary['run_dir']}", err=json_progress)
     run_dir = Path(summary["run_dir"])
+    if summary.get("storage_failed"):  # nothing more is written where nothing more fits
+        click.echo(f"error: {summary.get('reason')}", err=True)
+        sys.exit(exit_code(summary))
     if summary["status"] in ("no_clients", "failed"):
         click.echo(f"{summary['status']}: {summary.get('reason')}", err=True)
     if summary["status"] in ("interrupted", "terminated"):  # the user wants out now; plots can wait

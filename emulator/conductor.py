@@ -2,6 +2,8 @@
 supervise them, write the run directory as results arrive, and always clean up."""
 from __future__ import annotations
 
+import errno
+
 import gc
 import json
 import logging
@@ -90,6 +92,8 @@ def raise_stop_signal(signum: int, _frame: Any) -> None:
 
 
 EXIT_CODES = {"completed": 0, "interrupted": 130, "no_clients": 3}
+# what a full or failing disk raises: the run stops and keeps what it wrote whole, never a traceback
+STORAGE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 
 
 def exit_code(summary: dict) -> int:
@@ -151,6 +155,7 @@ class Conductor:
         self.host_clients: dict[str, list[str]] = {}
         self.ring: RingRounds | None = None  # round rows assembled from the clients' reports (serverless topologies)
         self.reports = Reports(self)  # what each report from the processes does to the results
+        self.storage_failed: str | None = None  # why a write of the results failed (a full disk): the run stopped
 
     # ---- processes -----------------------------------------------------------------------------
     def _spawn(self, world: World, endpoint: str, restore: Path | None = None, listen: str | None = None,
@@ -279,6 +284,11 @@ class Conductor:
         except PlacementError as exc:
             status, reason = "failed", str(exc)
             self.view.note(f"error: {exc}")
+        except OSError as exc:
+            if exc.errno not in STORAGE_ERRORS:
+                raise
+            self.storage_failed = exc.strerror or str(exc)
+            status = "failed"
         except KeyboardInterrupt as exc:
             # a second signal must not cut the cleanup short: children and the summary come first
             for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -321,13 +331,27 @@ class Conductor:
         if status == "completed":  # nothing left to resume: the checkpoint's pickles would only take space
             shutil.rmtree(self.run_dir / "checkpoint", ignore_errors=True)
             writer.summary.checkpoint_removed()
-        summary = writer.write_summary(
-            status, reason=reason, wall_time_s=time.monotonic() - self.t0, startup_s=self.startup_s,
-            peak_rss_mib=self.peak_rss / 2**20, peak_pss_mib=self.peak_pss / 2**20,
-            processes={"hosts": world.hosts, "threads_per_host": world.threads_per_host},
-            run_dir=str(self.run_dir),
-        )
-        writer.close()
+        if self.storage_failed:
+            writer.salvage()
+            reason = (f"cannot write the results in {self.run_dir} ({self.storage_failed}): the run stopped after "
+                      f"{len(writer.rows)} rounds; its files hold those rounds whole")
+        try:
+            summary = writer.write_summary(
+                status, reason=reason, wall_time_s=time.monotonic() - self.t0, startup_s=self.startup_s,
+                peak_rss_mib=self.peak_rss / 2**20, peak_pss_mib=self.peak_pss / 2**20,
+                processes={"hosts": world.hosts, "threads_per_host": world.threads_per_host},
+                run_dir=str(self.run_dir),
+            )
+            writer.close()
+        except OSError as exc:
+            if exc.errno not in STORAGE_ERRORS:
+                raise
+            writer.salvage()  # summary.json stays as it was after the last round written
+            summary = dict(writer.summary, status="failed", reason=reason or f"cannot write the results in "
+                           f"{self.run_dir} ({exc.strerror})", run_dir=str(self.run_dir), storage_failed=True)
+            return summary
+        if self.storage_failed:
+            return {**summary, "storage_failed": True}
         if self.sc.run.trace:
             write_trace(self.run_dir)  # from the records just closed
         return summary

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +107,15 @@ def render(data: dict[str, Any]) -> str:
 
 
 def write_report(run_dir: Path) -> Path:
+    """RUN_DIR/report.html, written whole or not at all (a full disk leaves no half page)."""
     out = run_dir / "report.html"
-    out.write_text(render(collect(run_dir)))
+    tmp = out.with_suffix(".html.tmp")
+    try:
+        tmp.write_text(render(collect(run_dir)))
+        os.replace(tmp, out)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return out
 
 

@@ -50,9 +50,14 @@ def train_loss(rows: list[dict], arrivals: list[str] | None = None) -> float | N
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
+    """`path` replaced whole or not at all: a full disk leaves the previous file, and no part file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 CSV_FILES = {"transfers": TRANSFER_FIELDS, "rounds": ROUND_FIELDS, "clients": CLIENT_FIELDS, "devices": DEVICE_FIELDS}
@@ -115,6 +120,8 @@ class RunWriter:
                 if name in resume:  # a checkpoint of an earlier version may lack the newer ones
                     setattr(self, name, resume[name])
             self.summary = Summary(self.summary)
+        # what a salvage cuts the CSV files and the rows back to (emulator/conductor.py)
+        self._whole, self._whole_rows = self._sizes(), len(self.rows)
 
     def checkpoint_state(self) -> dict:
         """Everything needed to go on writing this run as if it had never stopped."""
@@ -258,6 +265,7 @@ class RunWriter:
         self._clients.writerows(clients)
         for f in (self._rounds_file, self._transfers_file, self._clients_file, self._devices_file):
             f.flush()
+        self._whole, self._whole_rows = self._sizes(), len(self.rows)
         return row
 
     def edge_round(self, rep: dict) -> None:
@@ -351,6 +359,28 @@ class RunWriter:
             **extra)
         write_json_atomic(self.dir / "summary.json", self.summary)
         return self.summary
+
+    def _sizes(self) -> dict[Path, int]:
+        """Each CSV file's size, all of it flushed: what a salvage cuts back to."""
+        files = [self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file]
+        return {Path(f.name): f.tell() for f in files if f is not None and not f.closed}
+
+    def salvage(self) -> None:
+        """After a write failed (a full disk): close every file and cut each CSV back to what it held
+        after the last round written whole, so every file left is readable (no half row)."""
+        whole = self._whole
+        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file):
+            if f is None or f.closed:
+                continue
+            try:
+                f.close()
+            except OSError:
+                pass  # its buffer could not be written: the cut below drops what did
+        for path, size in whole.items():
+            if path.exists() and path.stat().st_size > size:
+                os.truncate(path, size)
+        self.rows = self.rows[:self._whole_rows]  # the summary counts what the files hold
+        self._whole = {}  # a second salvage (the summary's write failed too) cuts nothing more
 
     def close(self) -> None:
         for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file):
