@@ -68,6 +68,8 @@ class Reports:
 
     def final_status(self, finished: dict[str, Any]) -> tuple[str, str | None]:
         """completed, unless no round ever had a client: then no_clients, saying what excluded them."""
+        if finished.get("no_nodes"):  # a Flower app waited for nodes that never came
+            return ("no_clients" if not finished.get("rounds_with_clients") else "failed"), finished["no_nodes"]
         if finished.get("reason"):  # the server gave up before its last round
             return "failed", finished["reason"]
         if finished.get("rounds_with_clients", 1) > 0:

@@ -546,6 +546,10 @@ class FlowerSpec(Strict):
     samples: Optional[int] = Field(None, ge=1, description="charged when a reply reports no samples metric; null: the "
                                                            "client's own sample count")
     timeout_s: Optional[float] = Field(None, gt=0, description="caps the app's own timeouts, read as emulated seconds")
+    wait_for_nodes_s: float = Field(
+        600.0, gt=0, description="emulated seconds the ServerApp may poll for nodes without sending a message before the "
+                                 "run ends (status no_clients, exit 3, or failed after rounds): Flower's strategies wait "
+                                 "for min_available_nodes for ever")
     metrics: FlowerMetrics = Field(default_factory=FlowerMetrics)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "WARNING", description="Flower's own log (logger flwr) in the server and host processes; INFO shows its rounds")

@@ -472,7 +472,8 @@ def _flower(sc: Scenario, server: ServerConfig) -> tuple:
         raise ScenarioError(f"algorithm.flower: {exc}") from None
     timeout = spec.timeout_s if spec.timeout_s is not None else sc.round.timeout_s
     return (FlowerServerConfig(ref, server.down_codec, sc.seed, server.aggregate_s, timeout, spec.samples_metric,
-                               spec.metrics.model_dump(), spec.log_level, sc.selection.checkin, server.selector),
+                               spec.metrics.model_dump(), spec.log_level, sc.selection.checkin, server.selector,
+                               spec.wait_for_nodes_s),
             FlowerClientConfig(ref, alg.codec.up.build(), sc.seed, sc.population.clients, alg.local_epochs, alg.batch_size,
                                spec.samples_metric, spec.samples, spec.log_level, sc.selection.checkin))
 

@@ -212,3 +212,18 @@ def test_with_check_in_the_grid_offers_only_clients_that_checked_in(tmp_path):
     assert [(r["selected"], r["completed"]) for r in rows] == [("4", "4"), ("9", "9")]
     start = float(rows[0]["t_start"])
     assert start >= 1.0 and start == int(start)
+
+
+def test_an_app_waiting_for_nodes_that_never_come_ends_within_its_cap(tmp_path):
+    """Flower's strategies poll for min_available_nodes for ever: asked for 50 of 10 clients, the app
+    sends nothing, and the run ends after algorithm.flower.wait_for_nodes_s of emulated polling with
+    status no_clients (exit 3) and a reason that says why, instead of polling for ever."""
+    text = BASE.format(extra="", app=EXAMPLE, server_app="null").replace("min-nodes: 4", "min-nodes: 50")
+    text = text.replace("    timeout_s: 30\n", "    timeout_s: 30\n    wait_for_nodes_s: 45\n")
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", text)), "--out", str(out), "--quiet", timeout=120)
+    assert res.returncode == 3, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "no_clients" and summary["rounds_completed"] == 0
+    assert "waited 45 emulated s for nodes and sent nothing (it sees 10 of 10 clients" in summary["reason"]
+    assert "algorithm.flower.wait_for_nodes_s" in res.stderr

@@ -34,6 +34,7 @@ class FlowerServerConfig:
     log_level: str = "WARNING"  # Flower's logger in this process
     checkin: bool = False  # the Grid's nodes are the clients that checked in (and meet the selection's thresholds)
     selector: Selector = field(default_factory=Uniform)  # its eligibility (resource_aware's thresholds) filters the nodes
+    wait_for_nodes_s: float = 600.0  # emulated seconds the app may poll for nodes with nothing sent before the run ends
 
 
 @dataclass
@@ -86,6 +87,7 @@ class FlowerServerActor:
         self.wait_seq = 0
         self.running = False  # the app is running (between a resume and its next wait)
         self.rounds_with_clients = 0
+        self.sent_at = 0.0  # emulated time the app last sent a message (or started)
 
     def _node_ids(self) -> list[int]:
         """The nodes a ServerApp sees: online as far as the server knows (not lost; with check-in,
@@ -164,6 +166,10 @@ class FlowerServerActor:
 
         self.running = False
         sends, reports = [], []
+        if encoded:
+            self.sent_at = t
+        elif getattr(step, "sleep", False) and t - self.sent_at >= self.cfg.wait_for_nodes_s:
+            return self._gave_up_waiting(t)
         if encoded and self._new_round([m for m, _ in encoded]):
             reports += self._close_current()
             index = self.current.index + 1 if self.current is not None else 0
@@ -201,6 +207,18 @@ class FlowerServerActor:
             follow = self._resume(t)
             return Reaction(sends=sends, reports=reports, timers=timers, work_s=follow.work_s, work=follow.work)
         return Reaction(sends=sends, reports=reports, timers=timers)
+
+    def _gave_up_waiting(self, t: float) -> Reaction:
+        """The app has polled for nodes without sending anything for wait_for_nodes_s: the nodes it
+        waits for are not coming (too few clients, or none eligible). The run ends here, saying so,
+        rather than polling for ever."""
+        seen = len(self._node_ids())
+        why = (f"the ServerApp waited {t - self.sent_at:g} emulated s for nodes and sent nothing "
+               f"(it sees {seen} of {len(self.clients)} clients; algorithm.flower.wait_for_nodes_s)")
+        reports = self._close_current()
+        reports.append({"type": "finished", "t": t, "rounds_with_clients": self.rounds_with_clients,
+                        "channels": {"server_down": self.downlink.stats.as_dict()}, "no_nodes": why})
+        return Reaction(reports=reports, halt=True)
 
     def _new_round(self, pushed: list) -> bool:
         """A batch of train messages begins a round (Flower's strategies send no group id; an
