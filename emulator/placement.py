@@ -225,18 +225,19 @@ class Lobby:
         """Answer what came in; returns lines for the run's log."""
         notes: list[str] = []
         while self.sock.poll(0):
-            frames = self.sock.recv_multipart()
+            frames = self.sock.recv_multipart(copy=False)
             if len(frames) != 2:
                 continue
-            identity, frame = frames
+            identity, frame = frames[0].bytes, frames[1]
             try:
-                env = envelope.unpack(frame)
+                env = envelope.unpack(frame.buffer)
             except envelope.ProtocolError as exc:
                 notes.append(f"lobby: refused a message ({exc})")
                 continue
             if env["op"] != "join":
                 notes.append(f"lobby: refused op {env['op']!r} (only join is spoken here)")
                 continue
+            env = {**env, "address": _peer_address(frame)}
             if self.network_port is None:
                 self.pending.append((identity, env))
             else:
@@ -244,7 +245,7 @@ class Lobby:
         return notes
 
     def _admit(self, identity: bytes, env: dict) -> list[str]:
-        who = f"{env['host']} (pid {env['pid']})"
+        who = f"{env['host']} (pid {env['pid']}" + (f", {env['address']})" if env.get("address") else ")")
         if not self.free:
             self._send(identity, envelope.pack("join_refused", why=f"the run has all its {len(self.joined)} hosts"))
             return [f"lobby: refused {who}: every host slot is taken"]
@@ -254,7 +255,7 @@ class Lobby:
             return [f"lobby: refused {who}: it asked for slot {env['slot']!r}, which is not free"]
         host = wanted[0] if wanted else self.free[0]
         self.free.remove(host)
-        host.joined_from = {"machine": env["host"], "pid": env["pid"]}
+        host.joined_from = {"machine": env["host"], "pid": env["pid"], "address": env.get("address")}
         self.joined.append(host.name)
         index = int(host.name.removeprefix("host"))
         self._send(identity, envelope.pack("welcome", peer=host.name, index=index, network_port=self.network_port,
@@ -315,3 +316,10 @@ def run_host_command(connect: str, key: dict, threads: int, data_root: str | Non
     finally:
         os.unlink(path)
 
+
+def _peer_address(frame: zmq.Frame) -> str | None:
+    """The IP address a TCP peer connected from (ZeroMQ's Peer-Address), None where the transport has none."""
+    try:
+        return frame.get("Peer-Address") or None
+    except (zmq.ZMQError, AttributeError):
+        return None

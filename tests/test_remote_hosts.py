@@ -147,7 +147,7 @@ def test_lobby_gives_each_slot_once_after_the_network_listens(tmp_path):
             lobby.receive()
             time.sleep(0.02)
         assert len(lobby.pending) == 1 and not first.poll(200), "a host was answered before the network listened"
-        assert lobby.network_listening("tcp://0.0.0.0:47555") == ["host1 joined from m (pid 1)"]
+        assert lobby.network_listening("tcp://0.0.0.0:47555") == ["host1 joined from m (pid 1, 127.0.0.1)"]  # and the address it came from
         got = envelope.unpack(first.recv())
         assert (got["op"], got["peer"], got["index"], got["network_port"]) == ("welcome", "host1", 1, 47555)
         assert got["scenario"] == {"k": 1} and got["fingerprint"] == "f" * 32 and got["silence_s"] == 9.0
@@ -156,7 +156,7 @@ def test_lobby_gives_each_slot_once_after_the_network_listens(tmp_path):
         assert answer(joiner())["peer"] == "host0"
         full = answer(joiner())
         assert full["op"] == "join_refused" and "all its 2 hosts" in full["why"]
-        assert hosts[0].joined_from == {"machine": "m", "pid": 1} and lobby.joined == ["host1", "host0"]
+        assert hosts[0].joined_from == {"machine": "m", "pid": 1, "address": "127.0.0.1"} and lobby.joined == ["host1", "host0"]
         lobby.close()
     finally:
         ctx.destroy(linger=0)
@@ -275,10 +275,52 @@ def _same_results(local: Path, remote: Path) -> None:
 
 @pytest.fixture(scope="module")
 def two_machines_or_loopback(request):
-    """The namespaces where they can be made; else one machine's loopback (same code, same checks)."""
-    if namespaces_available() is None:
+    """The namespaces where they can be made; else one machine's loopback (same code, same checks).
+    CI runs as root: there a test that cannot make namespaces fails rather than fall back."""
+    why = namespaces_available()
+    if why is None:
         return request.getfixturevalue("two_machines")
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run this across network namespaces, and cannot: {why}")
     return {"a": [], "b": [], "addr": "127.0.0.1"}
+
+
+NS_THREE = {name: f"flemu-3{name}{os.getpid() % 10000}" for name in ("a", "b", "c", "br")}
+ADDR_THREE = {"a": "10.213.10.1", "b": "10.213.10.2", "c": "10.213.10.3"}
+
+
+@pytest.fixture(scope="module")
+def three_machines():
+    """Three namespaces (a: the conductor, network and server; b and c: one host each), each with a
+    veth into a bridge in a fourth: three machines on one switch, as far as TCP is concerned. No
+    fallback: where namespaces cannot be made the test is skipped, and in CI it fails."""
+    why = namespaces_available()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run this across network namespaces, and cannot: {why}")
+        pytest.skip(why)
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+    tag = os.getpid() % 10000
+    try:
+        for ns in NS_THREE.values():
+            ip("netns", "add", ns)
+            ip("-n", ns, "link", "set", "lo", "up")
+        br = NS_THREE["br"]
+        ip("-n", br, "link", "add", "flemu-br", "type", "bridge")
+        ip("-n", br, "link", "set", "flemu-br", "up")
+        for name in ("a", "b", "c"):
+            inner, outer = f"flemu-v{name}", f"flemu-p{name}{tag}"[:15]
+            ip("link", "add", inner, "netns", NS_THREE[name], "type", "veth", "peer", "name", outer, "netns", br)
+            ip("-n", NS_THREE[name], "addr", "add", f"{ADDR_THREE[name]}/24", "dev", inner)
+            ip("-n", NS_THREE[name], "link", "set", inner, "up")
+            ip("-n", br, "link", "set", outer, "master", "flemu-br")
+            ip("-n", br, "link", "set", outer, "up")
+        yield {name: ["ip", "netns", "exec", NS_THREE[name]] for name in ("a", "b", "c")}
+    finally:
+        for ns in NS_THREE.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 ROGUE = """
@@ -404,3 +446,45 @@ def test_a_host_without_the_run_data_is_refused_and_the_run_says_why(tmp_path):
     assert code == 1 and "failed: task.dataset: dataset 'mnist' is not under" in err, err[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["placement"]["joined"]["host0"]["pid"] > 0
+
+
+def test_three_machines_on_a_switch_and_a_cut_cable(tmp_path, three_machines):
+    """The conductor in one namespace, a host in each of two others, real TCP with CurveZMQ through
+    a bridge: each host joins from its own address (asserted, so loopback cannot pass), and cutting
+    one host's cable mid-run (ip link set down) is found by the heartbeats: its clients fail, the
+    run completes and says so."""
+    m = three_machines
+    path = write_scenario(tmp_path / "s.yaml", TINY.format(rounds=6, per_round=8))
+    port = 44400 + os.getpid() % 500
+    out = tmp_path / "remote"
+    listen = f"tcp://{ADDR_THREE['a']}:{port}"
+    conductor = _emulator(m["a"], "run", str(path), "--hosts", "remote:2", "--listen", listen, "--set",
+                          "run.peer_timeout_s=3", "--out", str(out), "--plain")
+    hosts = []
+    try:
+        _wait_for(out / "keys" / "host-1.key", conductor)
+        for slot, machine in (("host0", "b"), ("host1", "c")):
+            hosts.append(_emulator(m[machine], "host", "--connect", listen, "--key", str(out / "keys" / "host-1.key"),
+                                   "--threads", "1", "--slot", slot, start_new_session=True))
+        _wait_for(out / "rounds.csv", conductor)
+        deadline = time.monotonic() + 60
+        while len(read_csv(out / "rounds.csv")) < 1:
+            assert time.monotonic() < deadline and conductor.poll() is None
+            time.sleep(0.05)
+        subprocess.run([*m["c"], "ip", "link", "set", "flemu-vc", "down"], check=True)  # the cable, not the process
+        code, _, err = _finish(conductor)
+    finally:
+        for p in [conductor, *hosts]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL) if p in hosts else p.kill()
+    assert code == 0, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    joined = summary["placement"]["joined"]
+    assert joined["host0"]["address"] == ADDR_THREE["b"] and joined["host1"]["address"] == ADDR_THREE["c"], joined
+    lost = [i for i in summary["incidents"] if i["what"].startswith("host1 process silent for")]
+    assert len(lost) == 1 and "its clients count as failed from now on" in lost[0]["what"], summary["incidents"]
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 6
+    rows = read_csv(out / "rounds.csv")
+    after = int(lost[0]["after_round"])
+    assert int(rows[0]["completed"]) == 8 and len(rows) > after + 2
+    assert all(int(r["completed"]) == 4 for r in rows[after + 2:]), rows
