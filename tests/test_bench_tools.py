@@ -20,3 +20,19 @@ def test_repeats_report_the_median_run_with_every_runs_ratios():
     assert f["ratios_cohort"] == [2.0, 1.5, 1.8, 2.5, 1.7]
     assert bench_training.median_run(runs[:4])["ratio_off"] == 1.05  # an even count: the lower middle
     assert bench_training.median_run(runs[:1]) == runs[0]  # one run: as before, no extra keys
+
+
+def test_the_secagg_benchmark_unmasks_what_its_graphs_say():
+    """SecAgg+'s neighbours are a regular graph of the degree asked; SecAgg's are everyone; the
+    benchmark's JSON carries the issue's keys (a tiny cohort, for speed)."""
+    import json
+    import subprocess
+
+    import bench_secagg
+
+    assert bench_secagg.neighbours(0, 10, 4) == [1, 2, 8, 9] and bench_secagg.neighbours(3, 10, None) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    assert all(len(bench_secagg.neighbours(u, 30, 6)) == 6 for u in range(30))
+    res = subprocess.run([sys.executable, str(REPO / "tools" / "bench_secagg.py"), "--params", "2000", "--cohort", "12",
+                          "--degree", "4", "--json"], capture_output=True, text=True, timeout=120)
+    out = json.loads(res.stdout)
+    assert {"mask_mb_s", "unmask_s_secagg", "unmask_s_secaggplus"} <= set(out) and out["sum_bits"] == 8 + 4
