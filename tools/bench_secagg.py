@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from protocol.secagg import fixedpoint, keys, masking, shamir  # noqa: E402
+from protocol.secagg import fixedpoint, masking, shamir  # noqa: E402
 
 
 def seed(*parts) -> bytes:
