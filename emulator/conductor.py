@@ -346,10 +346,10 @@ class Conductor:
         except OSError as exc:
             if exc.errno not in STORAGE_ERRORS:
                 raise
-            writer.salvage()  # summary.json stays as it was after the last round written
-            summary = dict(writer.summary, status="failed", reason=reason or f"cannot write the results in "
-                           f"{self.run_dir} ({exc.strerror})", run_dir=str(self.run_dir), storage_failed=True)
-            return summary
+            writer.salvage()  # summary.json stays as it was after the last round it could be written
+            reason = (reason or f"cannot write the results in {self.run_dir} ({exc.strerror})") + \
+                "; summary.json could not be written either and is as it was after an earlier round"
+            return dict(writer.summary, status="failed", reason=reason, run_dir=str(self.run_dir), storage_failed=True)
         if self.storage_failed:
             return {**summary, "storage_failed": True}
         if self.sc.run.trace:

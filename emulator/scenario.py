@@ -158,7 +158,7 @@ def _shares_sum_to_one(items: list, what: str) -> list:
 
 
 class Population(Strict):
-    clients: int = Field(ge=1)
+    clients: int = Field(ge=1, le=10_000_000, description="the population (at most ten million)")
     hosts: Optional[int] = Field(None, ge=1, description="client host processes; default: usable cores")
     devices: list[DeviceMix] = Field(min_length=1)
     links: list[LinkMix] = Field(min_length=1)
@@ -738,7 +738,9 @@ class Run(Strict):
 class Scenario(Strict):
     name: str = "scenario"
     profiles: Optional[str] = Field(None, description="device/link profile library; default scenarios/profiles.yaml")
-    seed: int = Field(0, ge=0, description="the run's seed: every random draw of the world and the run derives from it")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="the run's seed: every random draw of the world and the run "
+                                                         "derives from it (32 bits: FedProx's split seeds numpy's "
+                                                         "legacy generator with it, as its authors did)")
     rounds: int = Field(ge=1)
     clock: Clock = Field(default_factory=Clock)
     task: Task

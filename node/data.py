@@ -484,6 +484,8 @@ def partition_label_skew(labels: np.ndarray, clients: int, k: int, rng: np.rando
     class and floor(rest B) from each other class, in client order, from one shuffled pool per
     class; a class that runs dry gives what it has left."""
     classes = int(labels.max()) + 1
+    if k > classes:
+        raise DataError(f"classes_per_client {k} is more than the data set's {classes} classes")
     pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in range(classes)]
     taken = [0] * classes
     budget = max(20, labels.size // clients)

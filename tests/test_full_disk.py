@@ -49,10 +49,13 @@ def test_a_full_disk_stops_the_run_and_leaves_whole_files(tmp_path, small_disk):
         with open(out / f"{name}.csv", newline="") as f:
             rows[name] = list(csv.DictReader(f))
         assert all(None not in r.values() and "" not in (r.get("round"),) for r in rows[name]), name  # no half row
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())  # readable, whichever it is
     done = len(rows["rounds"])
-    assert summary["status"] == "failed" and summary["rounds_completed"] == done and 1 <= done < 30
-    assert f"after {done} rounds" in line
+    assert 1 <= done < 30 and f"after {done} rounds" in line
+    if "summary.json could not be written either" in line:  # the disk stayed full: it is an earlier round's
+        assert summary["status"] == "running" and summary["rounds_completed"] <= done
+    else:
+        assert summary["status"] == "failed" and summary["rounds_completed"] == done
     assert {int(r["round"]) for r in rows["clients"]} == set(range(done))  # the same rounds, whole
     assert not (out / "summary.json.tmp").exists() and not (out / "report.html.tmp").exists()
     left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]

@@ -49,8 +49,20 @@ def test_every_hostile_leaf_is_refused_in_one_line_or_accepted(tmp_path):
 @pytest.mark.parametrize("sets, words", [
     (["population.devices[0].profile=[phone_mid]"], "population.devices[0].profile: a profile's name, got ['phone_mid']"),
     (["seed=-1"], "seed: must be >= 0"),
+    (["seed=9223372036854775808"], "seed: must be <= 4294967295"),  # numpy's legacy generator raised at world building
 ])
 def test_the_two_found_crashes_are_one_line_now(sets, words):
     with pytest.raises(ScenarioError) as err:
         load_scenario(ROOT / "scenarios" / "edge_1000.yaml", sets)
     assert words in str(err.value)
+
+
+def test_more_primary_classes_than_the_data_set_has_is_one_line_not_a_hang():
+    """classes_per_client past the classes looped for ever over the primary classes (found by a wider sweep)."""
+    from click.testing import CliRunner
+
+    from emulator.cli import main
+
+    res = CliRunner().invoke(main, ["validate", str(ROOT / "scenarios" / "ring_fibfl.yaml"), "--set",
+                                    "task.partition.classes_per_client=1000000000000"])
+    assert res.exit_code == 2 and "classes_per_client 1000000000000 is more than the data set's 10 classes" in res.stderr

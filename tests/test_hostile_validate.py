@@ -2,7 +2,9 @@
 scenario to a hostile value (negative, zero, NaN, infinite, huge, empty, a wrong type, a list, a
 mapping, a path that climbs out, a very long string), writes it or passes it as `--set`, and runs the
 real `validate` command in this process (schema, data, partition, clients, faults). It must exit 0 or
-2; with 2, every line it prints names the file and the key. 500 mutations a run.
+2; with 2, every line it prints names the file and the key. 500 mutations a run, the same in every
+run (derandomized: a test must not find a new case on one CI run and not the next); a wider sweep of
+3000 random mutations was run by hand on 6 December 2026 and its finds are fixed (a 64-bit seed).
 
 population_100k and flower_edge are left out for time only (3.7 s and 1.2 s of world building each;
 their keys are the others' keys); profiles.yaml is a library of profiles, not a scenario."""
@@ -44,8 +46,8 @@ def check(res, file: Path) -> None:
         assert lines and all(str(file) in line and "Traceback" not in line for line in lines), res.stderr[-2000:]
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, derandomize=True,  # the same 250 in every run: CI is deterministic
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=st.sampled_from(CASES), value=st.sampled_from(HOSTILE))
 def test_a_hostile_leaf_in_the_file_is_an_exit_of_0_or_2_with_lines_naming_the_key(tmp_path_factory, case, value):
     source, path = case
@@ -59,7 +61,7 @@ def test_a_hostile_leaf_in_the_file_is_an_exit_of_0_or_2_with_lines_naming_the_k
     check(CliRunner().invoke(main, ["validate", str(file)]), file)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.sampled_from(CASES), value=st.sampled_from(HOSTILE))
 def test_a_hostile_set_is_an_exit_of_0_or_2_with_lines_naming_the_key(case, value):
     source, path = case
