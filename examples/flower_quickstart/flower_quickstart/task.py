@@ -50,14 +50,18 @@ def load_data(partition_id: int, num_partitions: int, batch_size: int, max_examp
     return train, test
 
 
-def train(net: Net, loader: DataLoader, epochs: int, lr: float) -> float:
+def train(net: Net, loader: DataLoader, epochs: int, lr: float, proximal_mu: float = 0.0) -> float:
+    """SGD with momentum; with proximal_mu (FedProx), plus (mu/2)||w - w_global||^2 to the loss."""
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    anchor = [p.detach().clone() for p in net.parameters()] if proximal_mu > 0 else None
     net.train()
     total, batches = 0.0, 0
     for _ in range(epochs):
         for x, y in loader:
             optimizer.zero_grad()
             loss = F.cross_entropy(net(x), y)
+            if anchor is not None:
+                loss = loss + proximal_mu / 2 * sum(((p - a) ** 2).sum() for p, a in zip(net.parameters(), anchor))
             loss.backward()
             optimizer.step()
             total += float(loss.detach())
