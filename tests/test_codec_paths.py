@@ -54,6 +54,14 @@ def scenario(path: str, codec: str) -> tuple[str, str]:
     }[path]
 
 
+def ran(tmp_path, text: str):
+    """The run directory of `text`, run to its end (which must succeed)."""
+    out = tmp_path / "run"
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", text)), "--out", str(out), "--quiet", timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
 def final_accuracy(run) -> float:
     """The last round's test accuracy (not the best: a path that wrecks the model every round may
     still score once)."""
@@ -79,10 +87,7 @@ def test_every_cell_is_refused_or_accepted_as_the_table_says(tmp_path, codec, pa
 @pytest.mark.parametrize("codec", DENSE)
 def test_a_dense_codec_on_every_path_of_a_hierarchy_trains(tmp_path, codec):
     spec = CODECS[codec]
-    out = tmp_path / "run"
-    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", HIERARCHY % (spec, spec, spec))), "--out", str(out),
-                  "--quiet", timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = ran(tmp_path, HIERARCHY % (spec, spec, spec))
     assert final_accuracy(out) > ACCURACY
     if codec != "fp32":  # the codec really carried every message: fewer bytes than fp32 on each tier
         for row in read_csv(out / "edges.csv"):
@@ -91,19 +96,12 @@ def test_a_dense_codec_on_every_path_of_a_hierarchy_trains(tmp_path, codec):
 
 @pytest.mark.parametrize("codec", DENSE)
 def test_a_dense_codec_on_ring_gossip_trains(tmp_path, codec):
-    out = tmp_path / "run"
-    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", scenario("ring", codec)[0])), "--out", str(out),
-                  "--quiet", timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert final_accuracy(out) > ACCURACY
+    assert final_accuracy(ran(tmp_path, scenario("ring", codec)[0])) > ACCURACY
 
 
 @pytest.mark.parametrize("codec", SPARSIFIERS)
 def test_a_sparsifier_on_the_upload_trains(tmp_path, codec):
-    out = tmp_path / "run"
-    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", scenario("upload", codec)[0])), "--out", str(out),
-                  "--quiet", timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = ran(tmp_path, scenario("upload", codec)[0])
     assert final_accuracy(out) > ACCURACY
     up = sum(int(r["payload_bytes_up"]) for r in read_csv(out / "rounds.csv"))
     down = sum(int(r["payload_bytes_down"]) for r in read_csv(out / "rounds.csv"))
@@ -113,8 +111,5 @@ def test_a_sparsifier_on_the_upload_trains(tmp_path, codec):
 def test_the_bar_fails_a_model_that_does_not_learn(tmp_path):
     """The control: the same star run with a learning rate too small to move the model ends near
     chance, below the bar (so the bar can tell a trained model from a wrecked one)."""
-    out = tmp_path / "run"
-    text = scenario("upload", "fp32")[0].replace("lr: 0.1", "lr: 0.0001")
-    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", text)), "--out", str(out), "--quiet", timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = ran(tmp_path, scenario("upload", "fp32")[0].replace("lr: 0.1", "lr: 0.0001"))
     assert final_accuracy(out) < 0.3 < ACCURACY
