@@ -594,6 +594,10 @@ def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: Vi
              time.monotonic() - t0, len(world.clients), world.hosts, sc.topology, sc.rounds, sc.algorithm.name)
     if world.client.codec_time is not None:  # what was measured reruns and resumes from the run's scenario.yaml
         resolved = {**resolved, "algorithm": {**resolved["algorithm"], "codec_time": world.client.codec_time.as_dict()}}
+    secure = world.server.secure if world.server is not None else None
+    if secure is not None and secure.costs is not None:  # the same for secure aggregation's cryptography
+        pinned = {**resolved["algorithm"].get("secure_aggregation", {}), "costs": secure.costs.as_dict()}
+        resolved = {**resolved, "algorithm": {**resolved["algorithm"], "secure_aggregation": pinned}}
     run_dir = out if out is not None else new_run_dir(Path(sc.output.dir), sc.name)
     conductor = Conductor(sc, resolved, run_dir, view, placement)
     conductor.t0 = t0

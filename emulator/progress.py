@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from .secure_results import UPLOAD_KINDS
 from .results import SERVER, fmt_bytes
 
 
@@ -30,10 +31,10 @@ class RoundProgress:
     def transfer(self, rec: dict[str, Any]) -> None:
         self.t = max(self.t, float(rec.get("t_end") or 0.0))
         ok = rec.get("outcome") == "ok"
-        if rec.get("kind") not in ("task", "update", "gossip"):
+        if rec.get("kind") not in ("task", "gossip", *UPLOAD_KINDS):
             return
         if rec["round"] < self.round:
-            self.late += rec["kind"] == "update" and ok
+            self.late += rec["kind"] in UPLOAD_KINDS and ok
             return
         up = rec["dst"] == SERVER
         if ok:
@@ -43,7 +44,7 @@ class RoundProgress:
                 self.bytes_down += int(rec["payload_bytes"])
         if rec["kind"] == "task":
             self.asked += 1
-        elif rec["kind"] == "update" and ok:
+        elif rec["kind"] in UPLOAD_KINDS and ok:
             self.answered += 1
         self.dropped += not ok
 

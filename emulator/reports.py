@@ -31,7 +31,7 @@ class Reports:
             "refused_claim": self._refused_claim, "listening": self._listening,
             "refused_key": lambda body, writer: self.run._note_refusals([body], "network", writer),
             "network_stats": self._network_stats, "refused_messages": self._refused_messages,
-            "finished": self._finished,
+            "finished": self._finished, "secagg_excluded": self._secagg_excluded, "secagg_failed": self._secagg_failed,
         }
 
     def handle(self, body: dict[str, Any], writer: RunWriter) -> bool:
@@ -65,6 +65,18 @@ class Reports:
         if body.get("channels"):  # what the server's channels sent, by their own count
             writer.summary.channels(body["channels"])
         return True
+
+    @staticmethod
+    def _secagg_excluded(body: dict[str, Any], writer: RunWriter) -> None:
+        writer.incident(f"secure aggregation, round {body['round']}, phase {body['phase']}: {body['client']} excluded: "
+                        f"{body['why']}", client=body["client"], round=body["round"], phase=body["phase"])
+
+    @staticmethod
+    def _secagg_failed(body: dict[str, Any], writer: RunWriter) -> None:
+        why = f" ({body['why']})" if body.get("why") else ""
+        writer.incident(f"secure aggregation, round {body['round']}: failed in phase {body['phase']} with {body['left']} "
+                        f"left, threshold {body['threshold']}{why}", round=body["round"], phase=body["phase"],
+                        left=body["left"], threshold=body["threshold"])
 
     def final_status(self, finished: dict[str, Any]) -> tuple[str, str | None]:
         """completed, unless no round ever had a client: then no_clients, saying what excluded them."""

@@ -13,6 +13,7 @@ import numpy as np
 import yaml
 
 from node.accounting import Release, ledger_summary
+from .secure_results import SECURE_FIELDS, UPLOAD_KINDS, SecureTotals, phase_rows
 from .summary import Summary, mean_of
 
 SERVER = "server"
@@ -62,7 +63,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 CSV_FILES = {"transfers": TRANSFER_FIELDS, "rounds": ROUND_FIELDS, "clients": CLIENT_FIELDS, "devices": DEVICE_FIELDS}
 # what a checkpoint keeps of the writer besides the lengths of its CSV files
-WRITER_STATE = ("device_events", "outcomes", "unassigned", "rows", "incidents", "summary", "releases", "diagnostics")
+WRITER_STATE = ("device_events", "outcomes", "unassigned", "rows", "incidents", "summary", "releases", "diagnostics",
+                "secure_totals")
 # a client's diagnostics kept for this many of its latest updates (an update's row may be written a few
 # rounds after it arrived, when a late update joins a later round)
 DIAGNOSTICS_KEPT = 8
@@ -94,6 +96,17 @@ class RunWriter:
             setattr(self, f"_{name}_file", handle)
             setattr(self, f"_{name}", writer)
         self.aggregators = set(aggregators)
+        self._secure_file = self._secure = None
+        if ((scenario.get("algorithm") or {}).get("secure_aggregation") or {}).get("protocol", "none") != "none":
+            path = self.dir / "secure.csv"
+            if resume is not None:
+                with open(path, "r+b") as f:
+                    f.truncate(resume["csv_bytes"]["secure"])
+            self._secure_file = open(path, "a" if resume is not None else "w", newline="")
+            self._secure = csv.DictWriter(self._secure_file, fieldnames=SECURE_FIELDS)
+            if resume is None:
+                self._secure.writeheader()
+        self.secure_totals = SecureTotals()
         self.edge_reports: list[dict] = []  # edge rounds since the last cloud round
         self._edges_file = self._edges = None
         if self.aggregators:
@@ -130,6 +143,9 @@ class RunWriter:
             handle = getattr(self, f"_{name}_file")
             handle.flush()
             sizes[name] = os.fstat(handle.fileno()).st_size
+        if self._secure_file is not None:
+            self._secure_file.flush()
+            sizes["secure"] = os.fstat(self._secure_file.fileno()).st_size
         return {"csv_bytes": sizes, **{name: getattr(self, name) for name in WRITER_STATE}}
 
     def privacy_release(self, rep: dict) -> None:
@@ -200,7 +216,7 @@ class RunWriter:
         (round, client) of every round, added to `timing`."""
         timing = {} if timing is None else timing
         for rec in transfers:
-            if (round_index is not None and rec["round"] != round_index) or rec["kind"] not in ("task", "update"):
+            if (round_index is not None and rec["round"] != round_index) or rec["kind"] not in ("task", *UPLOAD_KINDS):
                 continue
             down = rec["src"] == SERVER or (rec["src"] in self.aggregators and rec["dst"] != SERVER)
             phase, direction, client = ("download", "down", rec["dst"]) if down else ("upload", "up", rec["src"])
@@ -260,6 +276,11 @@ class RunWriter:
                        train_loss=sum(losses) / len(losses) if losses else None)
             self._edges.writerows(edge_rows)
             self._edges_file.flush()
+        if rep.get("secure") is not None and self._secure is not None:
+            phases = phase_rows(rep, taken, SERVER)
+            self.secure_totals.add(rep, phases)
+            self._secure.writerows(phases)
+            self._secure_file.flush()
         self.rows.append(row)
         self._rounds.writerow(row)
         self._clients.writerows(clients)
@@ -357,19 +378,23 @@ class RunWriter:
             status, self.rows, self.target, outcomes=self.outcomes, incidents=self.incidents,
             privacy_spent=lambda: ledger_summary(self.releases, self.accounting_delta, self._composed) if self.releases else None,
             **extra)
+        if self.secure_totals.state["rounds"]:
+            self.summary["secure_aggregation"] = self.secure_totals.summary(self.rows)
         write_json_atomic(self.dir / "summary.json", self.summary)
         return self.summary
 
     def _sizes(self) -> dict[Path, int]:
         """Each CSV file's size, all of it flushed: what a salvage cuts back to."""
-        files = [self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file]
+        files = [self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file,
+                 self._secure_file]
         return {Path(f.name): f.tell() for f in files if f is not None and not f.closed}
 
     def salvage(self) -> None:
         """After a write failed (a full disk): close every file and cut each CSV back to what it held
         after the last round written whole, so every file left is readable (no half row)."""
         whole = self._whole
-        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file):
+        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file,
+                  self._secure_file):
             if f is None or f.closed:
                 continue
             try:
@@ -383,7 +408,8 @@ class RunWriter:
         self._whole = {}  # a second salvage (the summary's write failed too) cuts nothing more
 
     def close(self) -> None:
-        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file):
+        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file,
+                  self._secure_file):
             if f is not None and not f.closed:
                 f.close()
 

@@ -15,7 +15,9 @@ Two kinds of declaration, one check each:
 A new topology, strategy or clock mode declares its Fits; nothing here names it."""
 from __future__ import annotations
 
+import math
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -177,6 +179,8 @@ class Fits:
     train_false: str | None = None  # algorithm.train false
     hierarchy: str | None = None  # a hierarchy section
     options_elsewhere: str | None = None  # algorithm.options, where its options live under another key
+    secure_aggregation: str | None = None  # algorithm.secure_aggregation.protocol other than none
+    lines: tuple[str, ...] = ()  # refusals the part words itself (values across sections), each a whole line
     weights_on: dict[str, str] = field(default_factory=dict)  # a codec's key -> why it carries weights (no sparsifier)
 
 
@@ -204,6 +208,8 @@ _SETTINGS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "train_false": ("algorithm.train", lambda sc: not sc.algorithm.train),
     "hierarchy": ("hierarchy", lambda sc: sc.hierarchy is not None),
     "options_elsewhere": ("algorithm.options", lambda sc: bool(sc.algorithm.options)),
+    "secure_aggregation": ("algorithm.secure_aggregation.protocol",
+                           lambda sc: sc.algorithm.secure_aggregation.protocol != "none"),
 }
 
 
@@ -222,6 +228,7 @@ def _part_refusals(sc, fits: Fits) -> Iterator[str]:
     if fits.privacy is not None and alg.privacy.mechanism not in fits.privacy:
         yield (f"algorithm.privacy.mechanism: {fits.who} works with {', '.join(fits.privacy)}, not "
                f"{alg.privacy.mechanism}" + (f" ({fits.privacy_why})" if fits.privacy_why else ""))
+    yield from fits.lines
     for name, (key, used) in _SETTINGS.items():
         why = getattr(fits, name)
         if why is not None and used(sc):
@@ -244,6 +251,10 @@ def scenario_refusals(sc, parts: list[Fits]) -> list[str]:
 
 
 # ---- the algorithm's part ------------------------------------------------------------------------
+def _own_options(cls, sc) -> dict:
+    return dict(getattr(sc.algorithm, cls.options_key)) if cls.options_key != "options" else dict(sc.algorithm.options)
+
+
 def strategy_fits(name: str, sc) -> Fits:
     """A strategy's Fits, from its flags and its Capabilities (`sc` for the values its reasons name)."""
     cls = strategy_class(name)
@@ -287,6 +298,7 @@ def strategy_fits(name: str, sc) -> Fits:
         upload_error_feedback=None if caps.error_feedback else f"{name} does not keep error feedback on its uploads",
         train_false=None if caps.communication_only else f"{name} needs training (its state comes from it); leave train true",
         options_elsewhere=None if cls.options_key == "options" else f"{name}'s options are algorithm.{cls.options_key}",
+        secure_aggregation=cls.secure_sum_why(cls.Options.model_validate(_own_options(cls, sc))),
         **asynchronous,
     )
 
@@ -295,6 +307,7 @@ FIBFL = Fits(
     who="fibfl", topologies=("ring",), topology_why="algorithm.name fibfl runs on topology: ring", models=("firma_mlp",),
     models_why="task.model: algorithm fibfl keeps a private head: task.model must be firma_mlp",
     options_elsewhere="fibfl's options are algorithm.firma",
+    secure_aggregation="a ring has no server to aggregate: leave it at none",
 )
 
 _FLOWER_PIPELINE = "the core paper's pipeline is not a Flower app's (use Flower's own DP mods)"
@@ -308,6 +321,7 @@ FLOWER = Fits(
     adaptive_bits=f"{_FLOWER_PIPELINE}; leave it at static",
     notify_closed="the synchronous server of topology star tells clients that a round closed; here algorithm.name is flower",
     options_elsewhere="a Flower app's options are algorithm.flower.run_config",
+    secure_aggregation="a Flower app runs its own workflows (Flower's SecAggPlusWorkflow); leave it at none",
 )
 ALGORITHMS = {"fibfl": FIBFL, "flower": FLOWER}  # algorithms that are not strategies of ours
 
@@ -321,6 +335,41 @@ def selector_fits(sc) -> Fits:
     return Fits(who=f"selection.policy {sc.selection.policy}", privacy=("none",),
                 privacy_why=f"it selects on {cls.private_statistics}, which no DP mechanism noises: with one, the "
                             f"selection would leak what the mechanism protects")
+
+
+def secure_fits(sc) -> Fits:
+    """Secure aggregation replaces the upload's codec with the cohort's fixed-point vector, and runs
+    on a star's synchronous rounds."""
+    if sc.algorithm.secure_aggregation.protocol == "none":
+        return Fits(who="algorithm.secure_aggregation")
+    replaced = "secure aggregation sends each update in the cohort's fixed-point encoding, not through the upload codec"
+    return Fits(lines=tuple(_secure_lines(sc)),
+        who="algorithm.secure_aggregation", topologies=("star",),
+        topology_why=f"algorithm.secure_aggregation: runs on topology star (the server sums the cohort), not {sc.topology}",
+        adaptive_bits=f"{replaced}; its bits are algorithm.secure_aggregation.bits (leave the schedule static)",
+        upload_error_feedback=replaced, layered_uploads=replaced,
+        round_policy="secure aggregation sums the cohort that sent its masked input; leave round.policy at all",
+        weights_on={},
+    )
+
+
+def _secure_lines(sc) -> Iterator[str]:
+    """What secure aggregation's settings refuse of the rest of the scenario."""
+    secure, clients = sc.algorithm.secure_aggregation, sc.population.clients
+    cohort = math.ceil(sc.selection.per_round(clients) * sc.selection.over_selection)
+    words = secure.bits + max(0, math.ceil(math.log2(max(1, cohort))))
+    if words > 32:
+        yield (f"algorithm.secure_aggregation.bits: {secure.bits} bits and a cohort of {cohort} need {words}-bit words; "
+               f"at most 32 (lower bits to {32 - words + secure.bits} or less)")
+    name = sc.algorithm.name
+    if name not in ALGORITHMS and strategy_class(name).uniform_weights and secure.weighting == "samples":
+        yield (f"algorithm.secure_aggregation.weighting: {name} counts each client once (its sensitivity is its clip); "
+               f"set uniform")
+    width = max(4, len(str(clients - 1)))  # as the world names them
+    for client in secure.corrupt_clients:
+        if not (re.fullmatch(r"c\d+", client) and len(client) == width + 1 and int(client[1:]) < clients):
+            yield (f"algorithm.secure_aggregation.corrupt_clients: no client {client!r} (clients are c{0:0{width}d} .. "
+                   f"c{clients - 1:0{width}d})")
 
 
 def algorithm_fits(sc) -> Fits:

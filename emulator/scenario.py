@@ -20,10 +20,11 @@ from node.plugins import PluginError, is_import_path, resolve_callable
 from node.selection import Oort, Selector, selector_class
 from node.strategies import REGISTRY, StrategyError, strategy_class
 from node.strategies.fedalign import FedAlign
+from node.secure.config import SecureAggregationSpec
 
 from .flows.congestion import CONGESTION_CONTROLS
 from .rules import (FeedbackNeedsContraction, Fits, Needs, OneOf, OnlyWhen, Ordered, OwnOptions, SectionRefusal,
-                    algorithm_fits, check_section, scenario_refusals, selector_fits)
+                    algorithm_fits, check_section, scenario_refusals, secure_fits, selector_fits)
 from .topology import TOPOLOGIES
 
 
@@ -583,6 +584,9 @@ class Algorithm(Strict):
     firma: Firma = Field(default_factory=Firma)
     fedalign: FedAlign.Options = Field(default_factory=FedAlign.Options)
     flower: FlowerSpec = Field(default_factory=FlowerSpec)
+    secure_aggregation: SecureAggregationSpec = Field(
+        default_factory=SecureAggregationSpec,
+        description="the server sees only the cohort's sum: SecAgg or SecAgg+ as messages through the network")
     rules = (OnlyWhen("codec_time", "charge_codec_time", (True,),
                       why="a measured table is used only with charge_codec_time: true"),)
 
@@ -801,7 +805,7 @@ class Scenario(Strict):
 
     def parts(self) -> list[Fits]:
         return [TOPOLOGIES[self.topology].fits(self), algorithm_fits(self), self.clock.fits(self),
-                _model_fits(self.task.model), selector_fits(self)]
+                _model_fits(self.task.model), selector_fits(self), secure_fits(self)]
 
     @model_validator(mode="after")
     def _downloads_keep_no_error_feedback(self):

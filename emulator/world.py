@@ -13,13 +13,15 @@ import numpy as np
 from node import data as datasets
 from node import firma
 from node.client import ClientConfig, ClientProfile, TaskSpec
-from node.codec_cost import CodecTime, calibrate
+from node.codec_cost import CodecTime, calibrate, host_ms_per_sample
 from node.device import DevicePlan
 from node.stages import Privacy
 from node.models import PRIVATE_PREFIX, training_flops
 from node.selection import Uniform
 from node.plugins import is_import_path
 from node.ring import RingConfig
+from node.secure.client import SecureClient
+from node.secure.config import SecureConfig
 from node.strategies import Strategy, strategy_class
 from node.strategies.fedavg import FedAvg
 from node.privacy import add_noise, noise_factor
@@ -346,7 +348,20 @@ def _actor_configs(sc: Scenario, task: TaskSpec, clients: list[ClientInfo], test
                           up_layers=alg.codec.up.build_layers(tensor_names), strategy=strategy,
                           cohort=alg.cohort, codec_time=_codec_time(sc, task, server, schedule, privacy, tensor_names),
                           update_statistics=server.selector.update_statistics)
+    server.secure = _secure(sc, task)
+    if server.secure is not None:
+        client.secure = SecureClient(server.secure, sc.seed)
     return server, client
+
+
+def _secure(sc: Scenario, task: TaskSpec) -> SecureConfig | None:
+    """algorithm.secure_aggregation, its cost table pinned or measured now, before any host forks."""
+    spec = sc.algorithm.secure_aggregation
+    host_ms = None
+    if spec.protocol != "none" and spec.charge_compute and spec.costs is None:
+        inputs, labels = task.train.batch(np.arange(min(64, len(task.train.y))))
+        host_ms = host_ms_per_sample(task.build(), inputs, labels)
+    return spec.build(host_ms)
 
 
 def hierarchy_edges(sc: Scenario, clients: list[ClientInfo], server: ServerConfig, group_of: dict[str, list[str]]) -> list[EdgeInfo]:

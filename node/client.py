@@ -24,6 +24,7 @@ from .data import Dataset, with_input_noise
 from .device import DevicePlan
 from .models import build_model, state_spec
 from .schedule import BitSchedule, importance
+from .secure.client import CLIENT_KINDS, SecureClient
 from .stages import Privacy, privacy_stage
 from .strategies import Strategy
 from .strategies.base import ClientStep, SessionPlan
@@ -102,6 +103,7 @@ class ClientConfig:
     # statistics the selection policy needs in every update's body (Oort: loss_rms); nothing else of
     # the session's diagnostics crosses the wire
     update_statistics: tuple[str, ...] = ()
+    secure: SecureClient | None = None  # algorithm.secure_aggregation: the client half of its phases
 
 
 class Trainer:
@@ -137,6 +139,7 @@ class ClientActor(Checkpointable):
         # the strategy's own state for this client (SCAFFOLD's c_i); None until its first update
         # leaves, so that an idle client of a large population holds nothing for it
         self.strategy_state: dict | None = None
+        self.secure_round = None  # secure aggregation's keys and shares of the round in progress (node/secure/client.py)
 
     # What training reads is made at the first task that needs it: an idle client of a large
     # population is its profile and a few counters, not arrays of its own.
@@ -187,8 +190,12 @@ class ClientActor(Checkpointable):
         if msg.kind == "task":
             if msg.round <= self.closed_through:
                 return Reaction()  # its round closed before the task got here: nothing to do
+            if self.cfg.secure is not None and "secure" in msg.body:
+                return self.cfg.secure.on_task(self, msg)
             own = self.cfg.strategy.client_on_task(self, msg)
             return own if own is not None else self.train_task(msg, msg)
+        if self.cfg.secure is not None and msg.kind in CLIENT_KINDS:
+            return self.cfg.secure.on_message(self, msg) or Reaction()
         if msg.kind in self.cfg.strategy.client_message_kinds:
             return self.cfg.strategy.client_on_message(self, msg) or Reaction()
         return Reaction()
@@ -242,15 +249,15 @@ class ClientActor(Checkpointable):
             # unless its session is capped) and the bit-length the payload is decoded with. Everything
             # else the session learns of its data (loss, nu, lambda, noise, epsilon) goes to `info`, the
             # run's records, and never crosses the wire (a real deployment's server would see it).
-            body = {"samples": trained_on if plan.weight is None else plan.weight, "bits": bits}
-            info = {"nu": nu}
+            body = {"samples": trained_on if plan.weight is None else plan.weight, "bits": bits, **plan.body}
+            info = {"nu": nu, **{key: body.pop(key) for key in plan.hidden}}
             if self.cfg.checkin:
                 body["status"] = status
             data, indices, order = self.data, session, session_order
             if plan.indices is not None:
                 data = plan.data() if callable(plan.data) else plan.data if plan.data is not None else self.data
                 indices, order = plan.indices, None
-            step, release = self._trained(state, extras, info, dp, local, rng, indices, order, data)
+            step, release = self._trained(state, extras, info, dp, local, rng, indices, order, data, task.body)
             if plan.upload is not None:
                 out, own_release = plan.upload(state, step.state, local, indices, rng, info, up, bits)
                 release = own_release or release
@@ -262,7 +269,7 @@ class ClientActor(Checkpointable):
             for key in self.cfg.update_statistics:  # what the selection policy asks of every update (Oort's utility)
                 body[key] = info.get(key)
             encoded = out.encoded
-            update = Send(self.profile.aggregator, "update", task.round, body, encoded.frames, encoded.payload_bytes,
+            update = Send(self.profile.aggregator, plan.kind, task.round, body, encoded.frames, encoded.payload_bytes,
                           encoded.fp32_bytes, notes=info)
 
             def deliver() -> Reaction:  # runs at ready_at, after everything that reached this client before
@@ -280,7 +287,7 @@ class ClientActor(Checkpointable):
             return deliver
 
         # the mechanism's own cost: DP-SGD's per-sample gradients make a session several times longer
-        busy = self._full_speed_seconds(trained_on, local.epochs, local.batch_size) * self.cfg.privacy.compute_factor
+        busy = self._full_speed_seconds(trained_on, local.epochs, local.batch_size) * self.cfg.privacy.compute_factor + plan.busy_s
         if self.cfg.codec_time is not None:
             busy += self.cfg.codec_time.seconds(body.get("bits"), bits, self.profile.ms_per_sample)
         return Reaction(work_s=self.profile.duration(busy, now.t, now.device), busy_s=busy, work=work,
@@ -294,9 +301,10 @@ class ClientActor(Checkpointable):
             raise CodecError("task must carry weights")
         return state, extras
 
-    def _trained(self, state, extras, info: dict, dp, local: LocalTraining, rng, indices, order, data):
-        """The strategy's client step on this session, with the privacy stage after it:
-        (ClientStep, the privacy release or None)."""
+    def _trained(self, state, extras, info: dict, dp, local: LocalTraining, rng, indices, order, data, task_body: dict):
+        """The strategy's client step on this session, with the privacy stage after it and the
+        strategy's own release (user-level DP's clip and noise) last: (ClientStep, the privacy
+        release or None)."""
         if not self.cfg.train:
             return ClientStep(state, None), None
         step = self.cfg.strategy.client_step(
@@ -309,7 +317,8 @@ class ClientActor(Checkpointable):
         if release is not None and release.mechanism == "dpsgd":  # DP-SGD: its epsilon so far, with this round
             spent = self._spent_with(release)
             info["dp_epsilon_total"] = accounting.rdp_epsilon(spent, self.cfg.privacy.accounting_delta)[0]
-        return step, release
+        step.state, own = self.cfg.strategy.client_release(state, step.state, task_body, rng, info)
+        return step, own or release
 
     def _session(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
         """The samples of this round's training session and their fixed batch order: all of them, or

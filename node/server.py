@@ -19,6 +19,9 @@ from .strategies.base import Difference
 from .strategies.fedavg import FedAvg
 from .channel import Channel, decode_with_extras
 from .selection import SelectionContext, Selector, Uniform
+from .secure.actor import SecureRounds
+from .secure.config import SecureConfig
+from .secure.server import SERVER_KINDS, TIMER, SecureRound
 from .training import accuracy_on, evaluate
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ class ServerConfig:
     eval_shards: list[np.ndarray] | None = None  # evaluate on each client's test split and average
     down_layers: dict[str, Codec] = field(default_factory=dict)  # mixed precision: tensor name -> its own codec
     checkpoint_every: int | None = None  # ask for a checkpoint after every this many rounds
+    secure: SecureConfig | None = None  # algorithm.secure_aggregation: the round's sum through node/secure/server.py
 
 
 # What an update's body tells the server of its client: its aggregation weight and the bit-length of
@@ -72,9 +76,11 @@ class RoundState:
     clients: dict[str, dict[str, Any]] = field(default_factory=dict)  # per selected client: what it reported, outcome
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # check-in status each was selected on
     stale: list[dict[str, Any]] = field(default_factory=list)  # late updates of earlier rounds that joined this one
+    secure: dict[str, Any] | None = None  # secure aggregation's phases (node/secure/server.py)
+    eligible: int = 0  # the clients the round selected from (the sampling rate's denominator)
 
 
-class ServerActor(Checkpointable):
+class ServerActor(SecureRounds, Checkpointable):
     name = "server"
     STATE = ("global_state", "pool", "down", "round", "late", "last_round_end", "short_since", "rounds_with_clients",
              "strategy_state", "selector_state", "overdue", "carried")
@@ -101,6 +107,7 @@ class ServerActor(Checkpointable):
         self.carried: list[tuple] = []  # late updates that came between rounds, for the next one
         self.downlink = Channel(cfg.down_codec, layers=cfg.down_layers, schedule=cfg.schedule, side="server")
         self.model_bytes = 4 * sum(int(np.prod(shape)) for shape, _ in self.spec.values())
+        self.secure: SecureRound | None = None  # the round's secure aggregation, while it runs
 
     @property
     def selector_state(self) -> dict[str, Any]:
@@ -120,7 +127,8 @@ class ServerActor(Checkpointable):
 
     def _control(self, rnd: RoundState) -> RoundControl:
         return RoundControl(rnd.index, rnd.selected, self.cfg.seed,
-                            lambda client, what, error: self._reject(rnd, client, what, error, {}), len(self.clients))
+                            lambda client, what, error: self._reject(rnd, client, what, error, {}), len(self.clients),
+                            rnd.eligible)
 
     # ---- reactions --------------------------------------------------------------------------
     def react(self, msg: Message) -> Reaction:
@@ -135,12 +143,14 @@ class ServerActor(Checkpointable):
             return self._begin(index, msg.t) if self.round is None else Reaction()
         if msg.kind == "update":
             return self._on_update(msg)
+        if self.secure is not None and (msg.kind in SERVER_KINDS or msg.kind == "tick" and msg.body.get("tag", "").startswith(TIMER)):
+            return self._on_secure(msg)
         if msg.kind in self.strategy.message_kinds:
             return self._on_strategy_message(msg)
         if msg.kind == "peer_down":
             return self._on_down(msg)
         if msg.kind == "tick" and self.round and msg.body.get("tag") == f"deadline:{self.round.index}":
-            return self._close(msg.t)
+            return self._secure_step(self.secure.on_deadline(msg.t), msg.t) if self.secure else self._close(msg.t)
         return Reaction()
 
     def _wait_then_begin(self, index: int, t: float) -> Reaction:
@@ -171,7 +181,7 @@ class ServerActor(Checkpointable):
         if self.cfg.checkin:
             for name in selected:  # a client must check in (or report back) again to be chosen again
                 self.pool.pop(name, None)
-        self.round = RoundState(index, t, selected, set(selected))
+        self.round = RoundState(index, t, selected, set(selected), eligible=len(pool))
         self.round.statuses = statuses
         for late in self.carried:
             self._join(self.round, *late)
@@ -190,6 +200,10 @@ class ServerActor(Checkpointable):
         if out.extras_from is not None:
             body["extras_from"] = out.extras_from
         timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
+        if self.cfg.secure is not None:
+            self.secure = SecureRound(self.cfg.secure, index, selected, self.spec, self.cfg.seed, t)
+            body["secure"] = self.secure.task_fields()
+            timers += self.secure.timers(t)
         return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)],
                         timers=timers, reports=[notice] if notice else [])
 
@@ -281,6 +295,8 @@ class ServerActor(Checkpointable):
         rnd = self.round
         if rnd is None:
             return Reaction()
+        if self.secure is not None:
+            return self._secure_step(self.secure.on_lost(lost, msg.t), msg.t)
         gone = sorted(lost & rnd.waiting)
         rnd.waiting -= lost
         rnd.failed.extend(gone)
@@ -364,6 +380,8 @@ class ServerActor(Checkpointable):
                          "status": rnd.statuses.get(name) or None, "checkin_t": (rnd.statuses.get(name) or {}).get("checkin_t")}
                         for name in rnd.selected] + rnd.stale,
         }
+        if rnd.secure is not None:
+            base["secure"] = rnd.secure
         if rnd.stale:
             ages = [c["staleness"] for c in rnd.stale]
             base.update(staleness_mean=float(np.mean(ages)), staleness_max=max(ages))

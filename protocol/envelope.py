@@ -14,7 +14,9 @@ VERSION = 1
 MAX_ENVELOPE_BYTES = 1 << 20
 
 KINDS = frozenset({"start", "task", "update", "checkin", "stats", "moments", "gossip", "warmup_update", "warmup_model",
-                   "tick", "peer_down", "online", "error", "closed"})
+                   "tick", "peer_down", "online", "error", "closed",
+                   # secure aggregation's phases (node/secure/)
+                   "sa_keys", "sa_roster", "sa_shares", "sa_relay", "sa_masked", "sa_survivors", "sa_unmask"})
 
 _STR, _INT, _NUM, _MAP, _LIST = str, int, (int, float), dict, list
 

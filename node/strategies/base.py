@@ -70,6 +70,8 @@ class Capabilities:
     error_feedback: bool = True  # its uploads may keep error feedback (algorithm.codec.up.error_feedback)
     checkpoints: bool = True  # its state (STATE, and its clients') is data: run.checkpoint_every applies
     communication_only: bool = True  # works with algorithm.train false (clients return the model they got)
+    # takes the round's sum from secure aggregation (on_secure_sum) in place of each client's update
+    secure_aggregation: bool = False
 
 
 @dataclass
@@ -88,12 +90,13 @@ class RoundControl:
     message (it then counts as failed) and name the round. Given by the server actor."""
 
     def __init__(self, index: int, selected: list[str], seed: int, reject: Callable[[str, str, str], None],
-                 population: int = 0):
+                 population: int = 0, eligible: int = 0):
         self.index = index
         self.selected = selected
         self.seed = seed
         self.reject = reject  # (client, what, error)
         self.population = population  # the clients the server serves (N)
+        self.eligible = eligible or population  # the clients this round selected from (checked in, alive)
 
 
 # train(state, config, correction=None) -> (state, result): local SGD on the client's data, with a
@@ -111,6 +114,10 @@ class SessionPlan:
     weight: int | None = None  # its aggregation weight (samples)
     # upload(global_state, trained_state, local, indices, rng, info, channel, bits) -> (channel output, privacy release or None)
     upload: Callable[..., tuple[Any, Any]] | None = None
+    kind: str = "update"  # the message kind the upload goes as (secure aggregation's masked input: sa_masked)
+    busy_s: float = 0.0  # full-speed seconds of the device's work besides training (secure aggregation's masks)
+    body: dict[str, Any] = field(default_factory=dict)  # fields the upload's body carries besides samples and bits
+    hidden: tuple[str, ...] = ()  # of samples and bits, what the body leaves out (the run's records keep them)
 
 
 class Strategy:
@@ -126,6 +133,7 @@ class Strategy:
     STATE: ClassVar[tuple[str, ...]] = ()  # attributes that outlive a round (checkpointed)
     options_key: ClassVar[str] = "options"  # where a scenario keeps its options: algorithm.<options_key>
     capabilities: ClassVar[Capabilities] = Capabilities()
+    uniform_weights: ClassVar[bool] = False  # True: each client counts once (secure aggregation's weighting: uniform)
 
     def __init__(self, options: Options | Mapping[str, Any] | None = None, *, seed: int = 0):
         self.options = options if isinstance(options, self.Options) else self.Options.model_validate(dict(options or {}))
@@ -138,6 +146,13 @@ class Strategy:
 
     def on_update(self, update: ClientUpdate) -> None:
         raise NotImplementedError
+
+    def on_secure_sum(self, state: State, delta: State, weight: float, count: int) -> None:
+        """Secure aggregation's one result for the round: the global model moved by the weighted mean
+        change of `count` clients whose weights sum to `weight` (the server never sees one client's
+        update). Strategies that declare capabilities.secure_aggregation take it; by default as
+        one update of that weight, which is what a weighted mean of models does with it."""
+        self.on_update(ClientUpdate("secure aggregate", state, delta, weight, {"clients": count}))
 
     def accepts(self, staleness: int) -> bool:
         """Whether an update this stale is used at all."""
@@ -184,6 +199,14 @@ class Strategy:
         new_state, result = self.local_update(state, config, train)
         return ClientStep(new_state, result)
 
+    def client_release(self, global_state: State, new_state: State, task_body: dict, rng: np.random.Generator,
+                       info: dict) -> tuple[State, Any]:
+        """The model as it leaves the device, after training and the local privacy stage: user-level
+        DP's clipping and share of the noise where the clients add it (dpfedavg noise: client), with
+        its privacy release (node/accounting.Release) or None. `task_body`: what configure_round
+        sent. By default: unchanged, no release."""
+        return new_state, None
+
     def client_state(self) -> dict[str, Any]:
         """A client's own state before its first round (per client, kept across rounds and in checkpoints)."""
         return {}
@@ -209,6 +232,14 @@ class Strategy:
     def round_extras(self, global_state: State) -> State:
         """Server: the arrays every task of this round carries beside the model (extras_spec "down")."""
         return {}
+
+    @classmethod
+    def secure_sum_why(cls, options: Options) -> str | None:
+        """Why these options cannot take the cohort's sum from secure aggregation (None: they can)."""
+        if cls.capabilities.secure_aggregation:
+            return None
+        return (f"{cls.name} needs each client's update at the server (the cohort's sum suits fedavg, fedprox, "
+                f"fedavgm, fedadam, fedyogi, fedadagrad, or dpfedavg with noise: client)")
 
     @classmethod
     def has_extras(cls) -> bool:

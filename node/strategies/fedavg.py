@@ -6,13 +6,16 @@ from dataclasses import replace
 from pydantic import Field
 
 from ..strategy import WeightedAverage
-from .base import ClientUpdate, Options, State, Strategy, register
+from .base import Capabilities, ClientUpdate, Options, State, Strategy, register
 
 
 @register("fedavg")
 class FedAvg(Strategy):
     """The sample-weighted mean of the clients' models (Eq. 1.12), optionally a server step
-    along it: w <- w + server_lr (mean - w)."""
+    along it: w <- w + server_lr (mean - w). The cohort's mean from secure aggregation is the same
+    mean (Strategy.on_secure_sum), so it and its subclasses take it unless they say otherwise."""
+
+    capabilities = Capabilities(secure_aggregation=True)
 
     class Options(Options):
         server_lr: float = Field(1.0, gt=0, description="step along the averaged update; 1 is plain FedAvg")

@@ -4,6 +4,8 @@ the client got its model) and buffered; every K updates the server steps and for
 The server actor dispatches a new client whenever one finishes (node/server.py AsyncServer)."""
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Literal, Optional
 
 import numpy as np
@@ -99,6 +101,8 @@ class SemiAsync(StalenessWeighting, FedAvg):
     """Semi-asynchronous FedAvg: rounds close at their deadline as usual, but an update the
     deadline cut off is not thrown away; when it arrives it joins the round in progress with
     staleness s (rounds since its own), weighted by samples x w(s) in the average."""
+    capabilities = dataclasses.replace(FedAvg.capabilities, secure_aggregation=False)  # late updates join alone
+
     keeps_late = True
     uploads_delta = True  # applied to the model of the round it joins
 
