@@ -277,10 +277,7 @@ class RunWriter:
             self._edges.writerows(edge_rows)
             self._edges_file.flush()
         if rep.get("secure") is not None and self._secure is not None:
-            phases = phase_rows(rep, taken, SERVER)
-            self.secure_totals.add(rep, phases)
-            self._secure.writerows(phases)
-            self._secure_file.flush()
+            self._secure_rows(rep, taken, SERVER)
         self.rows.append(row)
         self._rounds.writerow(row)
         self._clients.writerows(clients)
@@ -288,6 +285,12 @@ class RunWriter:
             f.flush()
         self._whole, self._whole_rows = self._sizes(), len(self.rows)
         return row
+
+    def _secure_rows(self, rep: dict, taken: list[dict], server: str) -> None:
+        phases = phase_rows(rep, taken, server)
+        self.secure_totals.add(rep, phases)
+        self._secure.writerows(phases)
+        self._secure_file.flush()
 
     def edge_round(self, rep: dict) -> None:
         """An edge round of a hierarchy: kept until the cloud round it belongs to is written."""
@@ -315,6 +318,8 @@ class RunWriter:
         clients, edge_rows = [], []
         reports, self.edge_reports = self.edge_reports, []
         for er in reports:
+            if er.get("secure") is not None and self._secure is not None:  # an edge's own secure aggregation
+                self._secure_rows(er, taken, er["edge"])
             mine = [self._client_row(er, c, timing.get((er["round"], c["client"]), {})) for c in er.get("clients", [])]
             for row in mine:
                 row.update(round=rep["round"], edge_round=er["round"], aggregator=er["edge"])

@@ -344,11 +344,14 @@ def secure_fits(sc) -> Fits:
         return Fits(who="algorithm.secure_aggregation")
     replaced = "secure aggregation sends each update in the cohort's fixed-point encoding, not through the upload codec"
     return Fits(lines=tuple(_secure_lines(sc)),
-        who="algorithm.secure_aggregation", topologies=("star",),
-        topology_why=f"algorithm.secure_aggregation: runs on topology star (the server sums the cohort), not {sc.topology}",
+        who="algorithm.secure_aggregation", topologies=("star", "hierarchical"),
+        topology_why=(f"algorithm.secure_aggregation: runs where a server sums a cohort (topology star, or a "
+                      f"hierarchy's edges), not on a {sc.topology}"),
         adaptive_bits=f"{replaced}; its bits are algorithm.secure_aggregation.bits (leave the schedule static)",
         upload_error_feedback=replaced, layered_uploads=replaced,
         round_policy="secure aggregation sums the cohort that sent its masked input; leave round.policy at all",
+        scoring_selectors=(f"{sc.selection.policy} scores clients by what their updates report, which secure "
+                           f"aggregation hides from the server"),
         weights_on={},
     )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-SECURE_FIELDS = ["round", "phase", "t_start", "t_end", "duration_s", "entered", "answered", "payload_bytes_down",
+SECURE_FIELDS = ["round", "aggregator", "phase", "t_start", "t_end", "duration_s", "entered", "answered", "payload_bytes_down",
                  "payload_bytes_up", "wire_bytes_down", "wire_bytes_up"]
 PHASE_OF_KIND = {"sa_keys": "keys", "sa_roster": "shares", "sa_shares": "shares", "sa_relay": "input",
                  "sa_masked": "input", "sa_survivors": "unmask", "sa_unmask": "unmask"}
@@ -24,11 +24,12 @@ UPLOAD_KINDS = ("update", "sa_masked")  # a client's upload of its model, in the
 
 
 def phase_rows(rep: dict, transfers: list[dict], server: str) -> list[dict[str, Any]]:
-    """secure.csv's rows of one round, from its report's phases and its transfers."""
+    """secure.csv's rows of one round of `server` (the server, or an edge of a hierarchy: its own
+    rounds), from its report's phases and its transfers."""
     sums: dict[tuple[str, str], int] = defaultdict(int)
     for rec in transfers:
         phase = PHASE_OF_KIND.get(rec["kind"])
-        if phase is None or rec["outcome"] != "ok" or rec["round"] != rep["round"]:
+        if phase is None or rec["outcome"] != "ok" or rec["round"] != rep["round"] or server not in (rec["src"], rec["dst"]):
             continue
         way = "down" if rec["src"] == server else "up"
         sums[(phase, f"payload_bytes_{way}")] += rec["payload_bytes"]
@@ -36,7 +37,7 @@ def phase_rows(rep: dict, transfers: list[dict], server: str) -> list[dict[str, 
     rows = []
     for p in rep["secure"]["phases"]:
         end = p.get("t_end")
-        rows.append({"round": rep["round"], "phase": p["phase"], "t_start": p["t_start"], "t_end": end,
+        rows.append({"round": rep["round"], "aggregator": server, "phase": p["phase"], "t_start": p["t_start"], "t_end": end,
                      "duration_s": end - p["t_start"] if end is not None else None, "entered": p["entered"],
                      "answered": p.get("answered"),
                      **{f: sums[(p["phase"], f)] for f in SECURE_FIELDS if "bytes" in f}})

@@ -405,7 +405,8 @@ def cloud_config(sc: Scenario, server: ServerConfig, edges: list[EdgeInfo]) -> S
     return dataclasses.replace(
         server, clients_per_round=len(edges), selector=Uniform(), over_selection=1.0,
         round_policy="all", round_timeout_s=None, checkin=False, min_clients=1, down_codec=edges[0].cloud_codec,
-        down_layers={}, samples={e.name: sum(e.server.samples.values()) for e in edges}, strategy=FedAvg())
+        down_layers={}, samples={e.name: sum(e.server.samples.values()) for e in edges}, strategy=FedAvg(),
+        secure=None)  # secure aggregation runs at the edges, between each edge and its clients
 
 
 def _queue_s(sc: Scenario, queue_ms: float | None) -> float:

@@ -143,7 +143,7 @@ class ServerActor(SecureRounds, Checkpointable):
             return self._begin(index, msg.t) if self.round is None else Reaction()
         if msg.kind == "update":
             return self._on_update(msg)
-        if self.secure is not None and (msg.kind in SERVER_KINDS or msg.kind == "tick" and msg.body.get("tag", "").startswith(TIMER)):
+        if msg.kind in SERVER_KINDS or msg.kind == "tick" and msg.body.get("tag", "").startswith(TIMER):
             return self._on_secure(msg)
         if msg.kind in self.strategy.message_kinds:
             return self._on_strategy_message(msg)

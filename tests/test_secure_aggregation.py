@@ -96,8 +96,8 @@ def test_a_corrupt_client_is_excluded_with_an_incident(tmp_path):
      "algorithm.secure_aggregation: degree: an even k for protocol secaggplus"),
     ("algorithm: {secure_aggregation: {protocol: secagg}, codec: {up: {name: fp16, error_feedback: true}}}",
      "algorithm.codec.up.error_feedback: secure aggregation sends each update in the cohort's fixed-point encoding"),
-    ("topology: hierarchical\nhierarchy: {edges: 2}\nalgorithm: {secure_aggregation: {protocol: secagg}}",
-     "algorithm.secure_aggregation: runs on topology star"),
+    ("algorithm: {name: scaffold, secure_aggregation: {protocol: secagg}}",
+     "algorithm.secure_aggregation.protocol: scaffold needs each client's update at the server"),
 ])
 def test_what_cannot_work_is_one_line_naming_the_key(tmp_path, extra, message):
     text = STAR.replace("algorithm:\n  lr: 0.2\n", "").replace("selection: {clients_per_round: 6}\n", "") \
@@ -124,3 +124,22 @@ def test_the_private_flagship_runs_two_rounds_within_its_budget(tmp_path):
     phases = read_csv(out / "secure.csv")
     assert [p["phase"] for p in phases] == ["keys", "shares", "input", "unmask"] * 2
     assert all(int(p["answered"]) >= int(secure["threshold_last"]) for p in phases)
+
+
+HIERARCHY = STAR.replace("selection: {clients_per_round: 6}\n", """selection: {fraction: 1.0}
+topology: hierarchical
+hierarchy: {edges: 2, edge_rounds: 2}
+""")
+
+
+def test_a_hierarchy_runs_secure_aggregation_at_its_edges(tmp_path):
+    masked = run(tmp_path, "hsecagg", "  secure_aggregation: {protocol: secagg, clip: 0.5}\n", HIERARCHY)
+    plain = run(tmp_path, "hplain", "  secure_aggregation: {protocol: plain, clip: 0.5}\n", HIERARCHY)
+    acc = [r["accuracy"] for r in read_csv(masked / "rounds.csv")]
+    assert acc == [r["accuracy"] for r in read_csv(plain / "rounds.csv")] and acc[-1]
+    phases = read_csv(masked / "secure.csv")
+    # 2 cloud rounds x 2 edge rounds x 2 edges, 4 phases each, every edge with its 4 clients
+    assert len(phases) == 32 and {p["aggregator"] for p in phases} == {"edge0", "edge1"}
+    assert all(p["entered"] == "4" for p in phases)
+    cloud = [t for t in read_csv(masked / "transfers.csv") if "server" in (t["src"], t["dst"])]
+    assert cloud and not any(t["kind"].startswith("sa_") for t in cloud)  # the cloud takes the edges' models as they are

@@ -177,3 +177,13 @@ def test_the_analytic_cost_is_the_actors_bytes(cfg, clients):
     mine = [m for m in secure if "c1" in (m.src, m.dst)]
     assert sum(len(m.frames[0]) for m in mine if m.src == "c1") == cost.client_up_bytes
     assert sum(len(m.frames[0]) for m in mine if m.dst == "c1") == cost.client_down_bytes
+
+
+def test_a_masked_input_is_a_check_in():
+    """With check-in, a client that reported back may be selected again without going off and on."""
+    star = Star(protocol("secagg"))
+    star.server.cfg.checkin = True
+    star.server.pool = {}
+    star.apply("server", star.server.react(Message("c1", "server", "sa_masked", 0, 1.0, {"status": {"battery": 0.5}},
+                                                    [b""])), 1.0)
+    assert star.server.pool == {"c1": {"battery": 0.5, "checkin_t": 1.0}}
