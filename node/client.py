@@ -259,7 +259,7 @@ class ClientActor(Checkpointable):
                 indices, order = plan.indices, None
             step, release = self._trained(state, extras, info, dp, local, rng, indices, order, data, task.body)
             if plan.upload is not None:
-                out, own_release = plan.upload(state, step.state, local, indices, rng, info, up, bits)
+                out, own_release = plan.upload(state, step.state, local, indices, rng, info, up, bits, step.extras)
                 release = own_release or release
             else:
                 out = up.encode(step.state, rng, bits=bits, reference=state, delta=self.cfg.strategy.uploads_delta,

@@ -201,7 +201,8 @@ class ServerActor(SecureRounds, Checkpointable):
             body["extras_from"] = out.extras_from
         timers = [(t + self.cfg.round_timeout_s, f"deadline:{index}")] if self.cfg.round_timeout_s else []
         if self.cfg.secure is not None:
-            self.secure = SecureRound(self.cfg.secure, index, selected, self.spec, self.cfg.seed, t)
+            self.secure = SecureRound(self.cfg.secure, index, selected, self.spec, self.cfg.seed, t,
+                                      self.strategy.extras_spec(self.spec, "up"))
             body["secure"] = self.secure.task_fields()
             timers += self.secure.timers(t)
         return Reaction(sends=[Send(selected, "task", index, body, encoded.frames, encoded.payload_bytes, encoded.fp32_bytes)],

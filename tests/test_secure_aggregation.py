@@ -96,8 +96,8 @@ def test_a_corrupt_client_is_excluded_with_an_incident(tmp_path):
      "algorithm.secure_aggregation: degree: an even k for protocol secaggplus"),
     ("algorithm: {secure_aggregation: {protocol: secagg}, codec: {up: {name: fp16, error_feedback: true}}}",
      "algorithm.codec.up.error_feedback: secure aggregation sends each update in the cohort's fixed-point encoding"),
-    ("algorithm: {name: scaffold, secure_aggregation: {protocol: secagg}}",
-     "algorithm.secure_aggregation.protocol: scaffold needs each client's update at the server"),
+    ("algorithm: {name: semiasync, secure_aggregation: {protocol: secagg}}\nround: {timeout_s: 30}",
+     "algorithm.secure_aggregation.protocol: semiasync needs each client's update at the server"),
 ])
 def test_what_cannot_work_is_one_line_naming_the_key(tmp_path, extra, message):
     text = STAR.replace("algorithm:\n  lr: 0.2\n", "").replace("selection: {clients_per_round: 6}\n", "") \

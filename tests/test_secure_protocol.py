@@ -12,6 +12,7 @@ from node.actor import Message
 from node.secure import analytic, vector
 from node.secure import server as secure_server
 from node.strategies.dpfedavg import DpFedAvg
+from node.strategies.scaffold import Scaffold
 from protocol.secagg import graph, records
 from secure_harness import Star, lose_from, protocol
 
@@ -187,3 +188,15 @@ def test_a_masked_input_is_a_check_in():
     star.apply("server", star.server.react(Message("c1", "server", "sa_masked", 0, 1.0, {"status": {"battery": 0.5}},
                                                     [b""])), 1.0)
     assert star.server.pool == {"c1": {"battery": 0.5, "checkin_t": 1.0}}
+
+
+def test_scaffold_sums_its_control_variates_in_the_same_masked_vector(sums):
+    runs = [Star(protocol(name, clip=2.0), rounds=2, strategy=Scaffold()).run() for name in ("plain", "secagg")]
+    plain, masked = runs
+    assert same_model(plain, masked) and np.array_equal(sums[0], sums[2]) and np.array_equal(sums[1], sums[3])
+    c_plain, c_masked = plain.server.strategy.c, masked.server.strategy.c
+    assert c_plain and all(np.array_equal(c_plain[k], c_masked[k]) for k in c_plain)
+    assert any(np.abs(v).max() > 0 for v in c_masked.values())
+    # the vector is the model's floats, the control variates' changes and the weight slot
+    spec = masked.server.spec
+    assert sums[0].size == 2 * sum(int(np.prod(s)) for s, d in spec.values() if d == "f4") + 1

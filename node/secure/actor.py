@@ -42,9 +42,9 @@ class SecureRounds:
                     failed = secure._failed(len(secure.contributors), t_sum, "a secret the sum needs does not rebuild")
                     return self._secure_close(rnd, secure, t_sum, [], step.reports + failed.reports)
                 total, count, notes = summed
-                state, weight = secure_vector.decode_mean(total, self.cfg.secure.clip, self.cfg.secure.bits, count,
-                                                          self.spec, self.global_state)
-                self.strategy.on_secure_sum(state, Difference(state, self.global_state), weight, count)
+                state, weight, sums = secure_vector.decode_mean(total, self.cfg.secure.clip, self.cfg.secure.bits, count,
+                                                                self.spec, self.global_state, secure.extras)
+                self.strategy.on_secure_sum(state, Difference(state, self.global_state), weight, count, sums)
                 return self._secure_close(rnd, secure, t_sum, secure.contributors, step.reports + notes)
 
             return done

@@ -171,10 +171,10 @@ class SecureClient:
         n_max = max(1, int(task.body.get("n_max") or 1))
         cfg = self.cfg
 
-        def upload(state, new_state, local, indices, rng, info, up, _bits):
+        def upload(state, new_state, local, indices, rng, info, up, _bits, extras=None):
             weight = min(1.0, int(indices.size) / n_max) if spec["weighting"] == "samples" else 1.0
-            values = vector.encode(vector.client_vector(new_state, state, client.trainer.spec, weight, clip), clip, bits,
-                                   rng)
+            values = vector.encode(vector.client_vector(new_state, state, client.trainer.spec, weight, clip, extras), clip,
+                                   bits, rng)
             if masks is None:
                 return _Outgoing(bitpack.pack(values, bits), values.size), None
             round_state, pairs = masks
@@ -184,7 +184,7 @@ class SecureClient:
         busy = 0.0
         if cfg.costs is not None and masks is not None:
             k = len(masks[1])
-            length = vector.length(client.trainer.spec)
+            length = vector.length(client.trainer.spec, client.cfg.strategy.extras_spec(client.trainer.spec, "up"))
             busy = (k * (cfg.costs.agree_s + cfg.costs.seal_s) + (k + 1) * length * cfg.costs.word_s) * self._scale(client)
         body = {"invalid": invalid} if invalid else {}
         # the weight travels inside the masked vector; the bits are the round's (the server knows them)

@@ -46,8 +46,10 @@ class Step:
 
 
 class SecureRound:
-    def __init__(self, cfg: SecureConfig, index: int, selected: list[str], spec: dict, seed: int, t: float):
+    def __init__(self, cfg: SecureConfig, index: int, selected: list[str], spec: dict, seed: int, t: float,
+                 extras: dict | None = None):
         self.cfg = cfg
+        self.extras = extras or {}  # the strategy's arrays beside the model, summed in the same vector
         self.index = index
         self.spec = spec
         self.seed = seed
@@ -130,7 +132,7 @@ class SecureRound:
             self.sealed.setdefault(v, []).append((me, ciphertext))
 
     def _take_input(self, msg) -> None:
-        size = vector.length(self.spec)
+        size = vector.length(self.spec, self.extras)
         frame = bytes(memoryview(msg.frames[0]))
         if len(frame) != bitpack.packed_size(size, self.word_bits):
             raise ValueError(f"{len(frame)} bytes, not {size} words of {self.word_bits} bits")
@@ -261,7 +263,7 @@ class SecureRound:
         costs = self.cfg.costs
         if costs is None:
             return 0.0
-        length = vector.length(self.spec)
+        length = vector.length(self.spec, self.extras)
         seconds = len(contributors) * length * costs.word_s  # adding the vectors
         if self.cfg.masked:
             alive = {self.ids[c] for c in contributors}
@@ -276,7 +278,7 @@ class SecureRound:
         """The exact integer sum of the contributors' vectors (unmasked), their number, and the
         incidents of shares that did not check out; None if a secret the sum needs cannot be
         rebuilt (its owner is then in self.excluded)."""
-        size = vector.length(self.spec)
+        size = vector.length(self.spec, self.extras)
         vectors = {self.ids.get(c, i + 1): bitpack.unpack(self.inputs[c], size, self.word_bits).astype(np.uint32)
                    for i, c in enumerate(self.contributors)}
         if not self.cfg.masked:

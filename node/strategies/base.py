@@ -112,7 +112,8 @@ class SessionPlan:
     indices: np.ndarray | None = None  # what it trains on, as indices into `data`
     data: Any = None  # the data set they index (node.data.Dataset), or a function that makes it when the session runs
     weight: int | None = None  # its aggregation weight (samples)
-    # upload(global_state, trained_state, local, indices, rng, info, channel, bits) -> (channel output, privacy release or None)
+    # upload(global_state, trained_state, local, indices, rng, info, channel, bits, extras) -> (channel output, privacy
+    # release or None); extras: the arrays the strategy sends beside the model (extras_spec "up")
     upload: Callable[..., tuple[Any, Any]] | None = None
     kind: str = "update"  # the message kind the upload goes as (secure aggregation's masked input: sa_masked)
     busy_s: float = 0.0  # full-speed seconds of the device's work besides training (secure aggregation's masks)
@@ -147,12 +148,14 @@ class Strategy:
     def on_update(self, update: ClientUpdate) -> None:
         raise NotImplementedError
 
-    def on_secure_sum(self, state: State, delta: State, weight: float, count: int) -> None:
+    def on_secure_sum(self, state: State, delta: State, weight: float, count: int, extras: State | None = None) -> None:
         """Secure aggregation's one result for the round: the global model moved by the weighted mean
-        change of `count` clients whose weights sum to `weight` (the server never sees one client's
-        update). Strategies that declare capabilities.secure_aggregation take it; by default as
-        one update of that weight, which is what a weighted mean of models does with it."""
-        self.on_update(ClientUpdate("secure aggregate", state, delta, weight, {"clients": count}))
+        change of `count` clients whose weights sum to `weight`, and the sums of the arrays they
+        sent beside it (extras_spec "up"); the server never sees one client's update. Strategies
+        that declare capabilities.secure_aggregation take it; by default as one update of that
+        weight carrying the sums, which is what a weighted mean of models (and a sum of arrays)
+        does with it."""
+        self.on_update(ClientUpdate("secure aggregate", state, delta, weight, {"clients": count}, extras=extras or {}))
 
     def accepts(self, staleness: int) -> bool:
         """Whether an update this stale is used at all."""
@@ -239,7 +242,7 @@ class Strategy:
         if cls.capabilities.secure_aggregation:
             return None
         return (f"{cls.name} needs each client's update at the server (the cohort's sum suits fedavg, fedprox, "
-                f"fedavgm, fedadam, fedyogi, fedadagrad, or dpfedavg with noise: client)")
+                f"fedavgm, fedadam, fedyogi, fedadagrad, scaffold, or dpfedavg with noise: client)")
 
     @classmethod
     def has_extras(cls) -> bool:

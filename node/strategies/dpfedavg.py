@@ -109,7 +109,7 @@ class DpFedAvg(Strategy):
         info.update(update_norm=norm, noise_scale=std)
         return out, None
 
-    def on_secure_sum(self, state: State, delta: State, weight: float, count: int) -> None:
+    def on_secure_sum(self, state: State, delta: State, weight: float, count: int, extras: State | None = None) -> None:
         """The cohort's sum of clipped, noised updates: mean change times the count (uniform weights)."""
         for k, d in delta.items():
             if np.issubdtype(np.asarray(d).dtype, np.floating):

@@ -161,7 +161,7 @@ class FedAlign(FedAvg):
         aligned = fedalign.align(x.cpu().numpy(), target, fa.granularity, higher=fa.moments == 4)
         return Dataset(torch.from_numpy(aligned).to(y.device), y, data.classes)
 
-    def _private_upload(self, state, new_state, local, indices, rng, info: dict, up, bits):
+    def _private_upload(self, state, new_state, local, indices, rng, info: dict, up, bits, _extras=None):
         """FedAlign's update: the clipped, noised pseudo-gradient as a delta (Eq. 3.5-3.6)."""
         steps = local.epochs * -(-int(indices.size) // local.batch_size)
         fa = self.config

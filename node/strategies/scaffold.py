@@ -28,7 +28,10 @@ class Scaffold(FedAvg):
     # Its correction is added to every step's gradient, before any clipping, so the core paper's and
     # DP-SGD's sensitivities would not hold; its control variates are weights-like, not updates a
     # sparsifier could keep a few entries of; and its client state needs the synchronous star server.
-    capabilities = Capabilities(topologies=("star",), privacy=("none",), delta_codecs=False, communication_only=False)
+    # Under secure aggregation, delta c_i travels in the same masked vector as the model's change,
+    # and the server gets their sum (on_update of the one combined update adds it up as it is).
+    capabilities = Capabilities(topologies=("star",), privacy=("none",), delta_codecs=False, communication_only=False,
+                                secure_aggregation=True)
     STATE = ("c",)
 
     def __init__(self, options=None, *, seed: int = 0):
