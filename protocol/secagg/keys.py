@@ -60,13 +60,23 @@ def decrypt(key: bytes, nonce: bytes, ciphertext: bytes, associated: bytes) -> b
         raise TamperedError("the ciphertext does not authenticate") from None
 
 
+def _ctr(seed: bytes):
+    return Cipher(algorithms.AES(hashlib.sha256(b"secagg-prg" + seed).digest()), modes.CTR(bytes(16))).encryptor()
+
+
+def prg_into(seed: bytes, zeros: bytes, out: bytearray) -> np.ndarray:
+    """The same stream as prg_words(seed, len(zeros) // 4, 32), written into `out` (a buffer the
+    caller reuses: a fresh one per call costs as much as the AES), as uint32 words over it."""
+    _ctr(seed).update_into(zeros, out)
+    return np.frombuffer(out, dtype="<u4", count=len(zeros) // 4)
+
+
 def prg_words(seed: bytes, count: int, bits: int) -> np.ndarray:
     """`count` words uniform in [0, 2^bits) (bits <= 32) from AES-256-CTR keyed by `seed` (32 bytes),
     counter from zero: the mask stream. uint32 words, the top 32 - bits bits cleared."""
     if not 1 <= bits <= 32:
         raise ValueError(f"mask words of 1 to 32 bits, got {bits}")
-    cipher = Cipher(algorithms.AES(hashlib.sha256(b"secagg-prg" + seed).digest()), modes.CTR(bytes(16)))
-    stream = cipher.encryptor().update(bytes(4 * count))
+    stream = _ctr(seed).update(bytes(4 * count))
     words = np.frombuffer(stream, dtype="<u4").astype(np.uint32, copy=True)
     if bits < 32:
         words &= np.uint32((1 << bits) - 1)
