@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import asdict, dataclass
-
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
