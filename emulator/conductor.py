@@ -30,7 +30,7 @@ from protocol.curve import read_host_key
 from .netconfig import CONDUCTOR, SERVER, NetworkConfig
 from .network import network_main
 from .placement import (DEFAULT_SILENCE_S, Lobby, Placement, PlacementError, RemoteHost, network_listen, ray_hosts,
-                        ray_node_address, world_fingerprint)
+                        ray_node_address, slot_keys, world_fingerprint)
 from .topology import TOPOLOGIES, topology_of
 from .tracefile import write_trace
 from .progress import View
@@ -181,6 +181,7 @@ class Conductor:
                                 checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,
                                 restore=str(restore / "network.pkl") if restore else None,
                                 listen=network_listen(listen) if listen else None, run_keys=run_keys,
+                                slot_keys=slot_keys(run_keys, hosts) if run_keys is not None else {},
                                 traces=world.traces)
         holders = json.loads((restore / "meta.json").read_text())["actors"] if restore else {}
 
@@ -267,14 +268,15 @@ class Conductor:
         interrupted = False
         ctx = sock = None
         try:
-            listen = run_keys = host_key_file = None
+            listen = run_keys = None
+            key_files: list[Path] = []
             if self.placement.remote:
-                run_keys, host_key_file = self.placement.run_keys(self.run_dir)
+                run_keys, key_files = self.placement.run_keys(self.run_dir, world.hosts)
                 listen = self.placement.listen or f"tcp://{ray_node_address()}:0"
             self._spawn(world, endpoint, resume, listen, run_keys)
             ctx = zmq.Context()
             if self.placement.remote:
-                self._open_lobby(ctx, world, listen, run_keys, host_key_file, writer)
+                self._open_lobby(ctx, world, listen, run_keys, key_files, writer)
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, CONDUCTOR.encode())
             sock.setsockopt(zmq.LINGER, 0)
@@ -357,25 +359,28 @@ class Conductor:
         return summary
 
     # ---- hosts on other machines -------------------------------------------------------------
-    def _open_lobby(self, ctx: zmq.Context, world: World, listen: str, run_keys, host_key_file: Path | None,
+    def _open_lobby(self, ctx: zmq.Context, world: World, listen: str, run_keys, key_files: list[Path],
                     writer: RunWriter) -> None:
         """Open the lobby and, with the ray launcher, start the hosts that will join through it."""
         names = sorted(self.host_clients, key=lambda n: int(n.removeprefix("host")))
+        bound = slot_keys(run_keys, names)
         timeout = self.sc.run.peer_timeout_s
         welcome = {"scenario": self.resolved, "fingerprint": world_fingerprint(world),
                    "silence_s": float(timeout if timeout is not None else DEFAULT_SILENCE_S)}
         if self.placement.launcher == "ray":  # (without --keys: Placement.check)
-            self.lobby = Lobby(ctx, listen, run_keys, [], welcome)
-            # each task is handed the host key made for this run, as its argument
+            self.lobby = Lobby(ctx, listen, run_keys, [], welcome, bound)
+            # each task is handed its slot's host key, made for this run, as its argument
             self.ray_started, procs = ray_hosts(self.placement, names, self.lobby.address_for_hosts(),
-                                                read_host_key(host_key_file), max(1, int(self.placement.cpus_per_host)))
+                                                [read_host_key(p) for p in key_files],
+                                                max(1, int(self.placement.cpus_per_host)))
             self.lobby.add(procs)
         else:
             procs = [RemoteHost(name) for name in names]
-            self.lobby = Lobby(ctx, listen, run_keys, list(procs), welcome)
+            self.lobby = Lobby(ctx, listen, run_keys, list(procs), welcome, bound)
+            where = (f"{key_files[0].parent}/host-K.key, K = 1..{len(key_files)}, one per host: host-K.key holds "
+                     f"slot host(K-1)" if key_files else "HOST_KEY_FILE")
             self.view.note(f"waiting for {len(names)} host{'s' if len(names) != 1 else ''} at {self.lobby.endpoint}: "
-                           f"python -m emulator host --connect {self.lobby.address_for_hosts('ADDR')} "
-                           f"--key {host_key_file or 'HOST_KEY_FILE'}")
+                           f"python -m emulator host --connect {self.lobby.address_for_hosts('ADDR')} --key {where}")
         for proc in procs:
             self.children.append(Child(proc.name, "host", proc))
         writer.summary.placement(self.placement.launcher, len(names), self.lobby.endpoint)

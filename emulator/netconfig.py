@@ -69,6 +69,7 @@ class NetworkConfig:
     restore: str | None = None  # a checkpoint's network state to continue from
     listen: str | None = None  # a TCP endpoint for hosts on other machines, bound besides `endpoint`, CURVE only
     run_keys: RunKeys | None = None  # with listen: the run's key pair and the host keys it admits
+    slot_keys: dict[str, str] = field(default_factory=dict)  # host slot -> the one key its messages may come with
     traces: dict[tuple[str, str], TraceRef] = field(default_factory=dict)  # ("up"|"down", actor) -> its rate's trace
 
     def link(self, actor: str) -> Link:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import zmq
 
 from protocol import envelope
+from protocol import curve
 from protocol.curve import ZapHandler
 
 from .checkpoints import Checkpoints
@@ -56,6 +57,7 @@ class Network:
         self.last_heard: dict[str, float] = {}  # wall time of each peer's last message
         self.busy_for: dict[str, float] = {}  # what its last heartbeat said about its current job
         self.reported_silent: set[str] = set()
+        self.impostors: set[str] = set()  # slots a message came as with another key (reported once each)
         self.started = False
         self.stopping = False
         self.halt_pending = False  # the server said when the run ends...
@@ -86,6 +88,14 @@ class Network:
         peer = self.guard.known(identity)
         if peer is None:
             self.guard.refuse(identity, "not a peer of this run", sum(memoryview(f.buffer).nbytes for f in frames))
+            return
+        bound = self.cfg.slot_keys.get(peer)
+        if bound is not None and frames and curve.user_key(frames[0]) != bound:  # another slot's key: an impostor
+            reason = f"a message as {peer} that did not come with {peer}'s key"
+            self.guard.refuse(identity, reason, sum(memoryview(f.buffer).nbytes for f in frames))
+            if peer not in self.impostors:
+                self.impostors.add(peer)
+                self.to_conductor("report", {"type": "refused_claim", "peer": peer, "reason": reason, "t_net": self.now})
             return
         self.last_heard[peer] = time.monotonic()
         self.reported_silent.discard(peer)

@@ -68,16 +68,15 @@ class Placement:
             raise PlacementError("run.checkpoint_every: checkpoints are written by every host into the run directory, "
                                  "which hosts on other machines do not have; unset it for a run with remote hosts")
 
-    def run_keys(self, run_dir: Path) -> tuple[curve.RunKeys, Path | None]:
-        """The keys hosts are admitted by, and the host key file a user hands to hosts (None when
-        the keys came from --keys: the user has it)."""
+    def run_keys(self, run_dir: Path, slots: int) -> tuple[curve.RunKeys, list[Path]]:
+        """The keys hosts are admitted by, and the host key files a user hands to hosts, one per
+        slot (none when the keys came from --keys: the user has them)."""
         if self.keys is not None:
             try:
-                return curve.read_run_keys(self.keys), None
+                return curve.read_run_keys(self.keys), []
             except curve.KeyFileError as exc:
                 raise PlacementError(f"--keys: {exc}") from None
-        keys, paths = curve.make_keys(run_dir / "keys", 1)
-        return keys, paths[0]
+        return curve.make_keys(run_dir / "keys", slots)
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -89,6 +88,12 @@ def split_listen(listen: str) -> tuple[str, int]:
     if parts.scheme != "tcp" or not parts.hostname or port is None:
         raise PlacementError(f"--listen {listen!r}: expected tcp://ADDR:PORT (PORT 0: any free port)")
     return parts.hostname, port
+
+
+def slot_keys(keys: curve.RunKeys, slots: list[str]) -> dict[str, str]:
+    """Slot name -> the one host key that may hold it: the K-th key of the run (host-K.key) is slot
+    host(K-1)'s. A key file with another number of host keys (one shared by all) binds none."""
+    return dict(zip(slots, keys.hosts)) if len(keys.hosts) == len(slots) else {}
 
 
 def network_listen(listen: str) -> str:
@@ -185,8 +190,9 @@ class Lobby:
     """The conductor's TCP socket where remote hosts join (see the module's docstring)."""
 
     def __init__(self, ctx: zmq.Context, listen: str, keys: curve.RunKeys, hosts: list[RemoteHost],
-                 welcome: dict[str, Any]):
+                 welcome: dict[str, Any], bound: dict[str, str] | None = None):
         self.zap = curve.ZapHandler(ctx, keys.hosts, "conductor")
+        self.slot_of_key = {key: slot for slot, key in (bound or {}).items()}  # a key -> the one slot it may hold
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, LOBBY_MAX_MESSAGE)
@@ -237,7 +243,7 @@ class Lobby:
             if env["op"] != "join":
                 notes.append(f"lobby: refused op {env['op']!r} (only join is spoken here)")
                 continue
-            env = {**env, "address": _peer_address(frame)}
+            env = {**env, "address": _peer_address(frame), "key": curve.user_key(frame)}
             if self.network_port is None:
                 self.pending.append((identity, env))
             else:
@@ -249,10 +255,16 @@ class Lobby:
         if not self.free:
             self._send(identity, envelope.pack("join_refused", why=f"the run has all its {len(self.joined)} hosts"))
             return [f"lobby: refused {who}: every host slot is taken"]
-        wanted = [h for h in self.free if h.name == env["slot"]]
-        if env["slot"] and not wanted:
-            self._send(identity, envelope.pack("join_refused", why=f"host slot {env['slot']!r} is not free"))
-            return [f"lobby: refused {who}: it asked for slot {env['slot']!r}, which is not free"]
+        bound = self.slot_of_key.get(env.get("key") or "")
+        if bound is not None and env["slot"] not in ("", bound):
+            why = f"its key is host slot {bound!r}'s, not {env['slot']!r}'s"
+            self._send(identity, envelope.pack("join_refused", why=why))
+            return [f"lobby: refused {who}: {why}"]
+        slot = bound or env["slot"]
+        wanted = [h for h in self.free if h.name == slot]
+        if slot and not wanted:
+            self._send(identity, envelope.pack("join_refused", why=f"host slot {slot!r} is not free"))
+            return [f"lobby: refused {who}: {'its key holds' if bound else 'it asked for'} slot {slot!r}, which is not free"]
         host = wanted[0] if wanted else self.free[0]
         self.free.remove(host)
         host.joined_from = {"machine": env["host"], "pid": env["pid"], "address": env.get("address")}
@@ -278,7 +290,7 @@ class Lobby:
 
 
 # ---- Ray ---------------------------------------------------------------------------------------
-def ray_hosts(placement: Placement, names: list[str], connect: str, key: curve.HostKey,
+def ray_hosts(placement: Placement, names: list[str], connect: str, keys: list[curve.HostKey],
               threads: int) -> tuple[bool, list[RayHost]]:
     """Start one `python -m emulator host` per name as a Ray task with the placement's resources;
     and whether Ray was started here (then the run shuts it down at its end)."""
@@ -292,7 +304,8 @@ def ray_hosts(placement: Placement, names: list[str], connect: str, key: curve.H
         ray.init(address=address, include_dashboard=False, log_to_driver=True, logging_level="warning")
     task = ray.remote(num_cpus=placement.cpus_per_host, num_gpus=placement.gpus_per_host, max_retries=0)(run_host_command)
     data_root = os.environ.get("EMULATOR_DATA")
-    return started, [RayHost(name, task.remote(connect, key.as_dict(), threads, data_root, name)) for name in names]
+    return started, [RayHost(name, task.remote(connect, key.as_dict(), threads, data_root, name))
+                     for name, key in zip(names, keys)]
 
 
 def ray_node_address() -> str:

@@ -106,9 +106,19 @@ def _read(path: Path) -> dict:
         raise KeyFileError(f"{path}: cannot read the key file ({exc})") from None
 
 
+def user_key(frame: zmq.Frame) -> str | None:
+    """The CURVE public key (z85) a message came with: the User-Id the ZAP handler gave its
+    connection; None without one."""
+    try:
+        return frame.get("User-Id") or None
+    except (zmq.ZMQError, AttributeError):
+        return None
+
+
 def make_keys(folder: Path, hosts: int = 1) -> tuple[RunKeys, list[Path]]:
     """A run key pair and `hosts` host keys, written to folder/conductor.key and folder/host-K.key
-    (K from 1). One host key may serve any number of host processes: the network still lets each
+    (K from 1). With one key per host slot, host-K.key holds slot host(K-1) (emulator/placement.py's
+    slot_keys); one key shared by many host processes binds no slot, and the network still lets each
     speak only for the actors it was given."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

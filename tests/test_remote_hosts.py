@@ -358,13 +358,22 @@ def test_hosts_joining_over_tcp_give_the_local_run_results_and_strangers_are_ref
         code, _, err = _finish(_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
                                          str(tmp_path / "wrong.key"), "--timeout", "30"), 60)
         assert code == 2 and "refused this host's key" in err, err[-2000:]
+        # a slot is bound to its key: host-2.key holds slot host1, and cannot join as host0
+        other_slot = out / "keys" / "host-2.key"
+        code, _, err = _finish(_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
+                                         str(other_slot), "--slot", "host0", "--timeout", "30"), 60)
+        assert code == 2 and "its key is host slot 'host1''s, not 'host0''s" in err, err[-2000:]
         # a valid key cannot claim another host's actors (the network checks every hello)
         # (says hello as host0 for an actor of host1, then leaves, so that the real host0 can join)
         rogue = subprocess.run([*m["b"], sys.executable, "-c", ROGUE, m["addr"], str(port + 1), str(key_file), "c0007"],
                                capture_output=True, text=True, timeout=60, cwd=REPO)
         assert rogue.returncode == 0, rogue.stderr
-        hosts = [_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key", str(key_file),
-                           "--threads", str(LOCAL_THREADS)) for _ in range(2)]
+        # nor speak to the network as host0 with host1's key (every message of a slot must come with its key)
+        rogue = subprocess.run([*m["b"], sys.executable, "-c", ROGUE, m["addr"], str(port + 1), str(other_slot),
+                                "c0001"], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert rogue.returncode == 0, rogue.stderr
+        hosts = [_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
+                           str(out / "keys" / f"host-{k}.key"), "--threads", str(LOCAL_THREADS)) for k in (1, 2)]
         code, _, err = _finish(conductor)
         assert code == 0, err[-3000:]
         for h in hosts:
@@ -382,6 +391,7 @@ def test_hosts_joining_over_tcp_give_the_local_run_results_and_strangers_are_ref
     assert any(w == "refused a connection to the conductor: not a key this run admits" for w in incidents), incidents
     assert any("refused a claim on actor names: host0 claimed actors it was not given (['c0007'])" in w
                for w in incidents), incidents
+    assert any("a message as host0 that did not come with host0's key" in w for w in incidents), incidents
 
 
 def test_a_remote_host_that_vanishes_is_handled_like_a_killed_one(tmp_path, two_machines_or_loopback):
@@ -394,9 +404,9 @@ def test_a_remote_host_that_vanishes_is_handled_like_a_killed_one(tmp_path, two_
     hosts = []
     try:
         _wait_for(out / "keys" / "host-1.key", conductor)
-        for slot in ("host0", "host1"):
+        for k, slot in ((1, "host0"), (2, "host1")):
             hosts.append(_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
-                                   str(out / "keys" / "host-1.key"), "--threads", "1", "--slot", slot,
+                                   str(out / "keys" / f"host-{k}.key"), "--threads", "1", "--slot", slot,
                                    start_new_session=True))
         _wait_for(out / "rounds.csv", conductor)
         deadline = time.monotonic() + 60
@@ -463,8 +473,8 @@ def test_three_machines_on_a_switch_and_a_cut_cable(tmp_path, three_machines):
     hosts = []
     try:
         _wait_for(out / "keys" / "host-1.key", conductor)
-        for slot, machine in (("host0", "b"), ("host1", "c")):
-            hosts.append(_emulator(m[machine], "host", "--connect", listen, "--key", str(out / "keys" / "host-1.key"),
+        for k, slot, machine in ((1, "host0", "b"), (2, "host1", "c")):
+            hosts.append(_emulator(m[machine], "host", "--connect", listen, "--key", str(out / "keys" / f"host-{k}.key"),
                                    "--threads", "1", "--slot", slot, start_new_session=True))
         _wait_for(out / "rounds.csv", conductor)
         deadline = time.monotonic() + 60
