@@ -370,17 +370,13 @@ class Conductor:
         if self.placement.launcher == "ray":  # (without --keys: Placement.check)
             self.lobby = Lobby(ctx, listen, run_keys, [], welcome, bound)
             # each task is handed its slot's host key, made for this run, as its argument
-            self.ray_started, procs = ray_hosts(self.placement, names, self.lobby.address_for_hosts(),
-                                                [read_host_key(p) for p in key_files],
-                                                max(1, int(self.placement.cpus_per_host)))
+            keys, threads = [read_host_key(p) for p in key_files], max(1, int(self.placement.cpus_per_host))
+            self.ray_started, procs = ray_hosts(self.placement, names, self.lobby.address_for_hosts(), keys, threads)
             self.lobby.add(procs)
         else:
             procs = [RemoteHost(name) for name in names]
             self.lobby = Lobby(ctx, listen, run_keys, list(procs), welcome, bound)
-            where = (f"{key_files[0].parent}/host-K.key, K = 1..{len(key_files)}, one per host: host-K.key holds "
-                     f"slot host(K-1)" if key_files else "HOST_KEY_FILE")
-            self.view.note(f"waiting for {len(names)} host{'s' if len(names) != 1 else ''} at {self.lobby.endpoint}: "
-                           f"python -m emulator host --connect {self.lobby.address_for_hosts('ADDR')} --key {where}")
+            self.view.note(self.lobby.waiting_note(len(names), key_files))
         for proc in procs:
             self.children.append(Child(proc.name, "host", proc))
         writer.summary.placement(self.placement.launcher, len(names), self.lobby.endpoint)

@@ -222,6 +222,13 @@ class Lobby:
             host = advertised or host
         return f"tcp://{host}:{port}"
 
+    def waiting_note(self, hosts: int, key_files: list[Path]) -> str:
+        """What the run says while it waits: the command a host joins with, and its key file."""
+        where = (f"{key_files[0].parent}/host-K.key, K = 1..{len(key_files)}, one per host: host-K.key holds slot "
+                 f"host(K-1)" if key_files else "HOST_KEY_FILE")
+        return (f"waiting for {hosts} host{'s' if hosts != 1 else ''} at {self.endpoint}: python -m emulator host "
+                f"--connect {self.address_for_hosts('ADDR')} --key {where}")
+
     def network_listening(self, endpoint: str) -> list[str]:
         self.network_port = int(endpoint.rsplit(":", 1)[1])
         waiting, self.pending = self.pending, []
