@@ -32,6 +32,7 @@ class Reports:
             "refused_key": lambda body, writer: self.run._note_refusals([body], "network", writer),
             "network_stats": self._network_stats, "refused_messages": self._refused_messages,
             "finished": self._finished, "secagg_excluded": self._secagg_excluded, "secagg_failed": self._secagg_failed,
+            "secagg_bad_share": self._secagg_bad_share,
         }
 
     def handle(self, body: dict[str, Any], writer: RunWriter) -> bool:
@@ -70,6 +71,12 @@ class Reports:
     def _secagg_excluded(body: dict[str, Any], writer: RunWriter) -> None:
         writer.incident(f"secure aggregation, round {body['round']}, phase {body['phase']}: {body['client']} excluded: "
                         f"{body['why']}", client=body["client"], round=body["round"], phase=body["phase"])
+
+    @staticmethod
+    def _secagg_bad_share(body: dict[str, Any], writer: RunWriter) -> None:
+        writer.incident(f"secure aggregation, round {body['round']}: {body['client']}'s share of {body['owner']}'s "
+                        f"secret does not verify; the secret was rebuilt without it", client=body["client"],
+                        round=body["round"], phase="unmask")
 
     @staticmethod
     def _secagg_failed(body: dict[str, Any], writer: RunWriter) -> None:

@@ -127,8 +127,9 @@ def test_a_share_that_does_not_verify_names_its_holder(sums):
 
     masked = Star(protocol("secagg", threshold=3), alter=alter).run()
     plain = Star(protocol("plain")).run()
-    named = {e["client"] for e in masked.of_type("secagg_excluded")}
-    assert named == {"c2"} and masked.rounds()[0]["completed"] == 5
+    named = {(e["client"], e["owner"]) for e in masked.of_type("secagg_bad_share")}
+    assert {client for client, _ in named} == {"c2"} and len(named) == 5  # every self-mask seed c2 held a share of
+    assert not masked.of_type("secagg_excluded") and masked.rounds()[0]["completed"] == 5
     assert same_model(plain, masked)
 
 

@@ -318,8 +318,8 @@ class SecureRound:
                 continue
             if check(secret):
                 if skip is not None:
-                    notes.append({"type": "secagg_excluded", "round": self.index, "client": self.names[skip],
-                                  "phase": "unmask", "why": f"its share of {self.names[owner]}'s secret does not verify"})
+                    notes.append({"type": "secagg_bad_share", "round": self.index, "client": self.names[skip],
+                                  "owner": self.names[owner]})
                 return secret
         self.excluded[self.names[owner]] = "unmask: its secret does not rebuild from its neighbours' shares"
         return None
