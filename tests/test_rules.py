@@ -84,7 +84,7 @@ def test_every_part_is_asked_and_each_refusal_names_its_key():
     sc, _ = load_scenario(SMOKE)
     parts = sc.parts()
     assert [p.who for p in parts] == ["topology star", "fedavg", "clock.mode virtual", "task.model mnist_cnn",
-                                      "selection.policy random"]
+                                      "selection.policy random", "algorithm.secure_aggregation"]
     strict = Fits(who="a test part", checkpoints="no checkpoints here", codec_time="no codec time here",
                   privacy=("gaussian",))
     sc.run.checkpoint_every = 1
