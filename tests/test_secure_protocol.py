@@ -14,7 +14,8 @@ from node.secure import server as secure_server
 from node.strategies.dpfedavg import DpFedAvg
 from node.strategies.scaffold import Scaffold
 from protocol.secagg import graph, records
-from secure_harness import Star, lose_from, protocol
+from node.secure.config import SecureCosts
+from secure_harness import HOP_S, Star, lose_from, protocol
 
 
 @pytest.fixture
@@ -201,3 +202,23 @@ def test_scaffold_sums_its_control_variates_in_the_same_masked_vector(sums):
     # the vector is the model's floats, the control variates' changes and the weight slot
     spec = masked.server.spec
     assert sums[0].size == 2 * sum(int(np.prod(s)) for s, d in spec.values() if d == "f4") + 1
+
+
+def test_the_cryptography_is_charged_to_emulated_time_by_the_cost_model():
+    """A key pair 0.5 s, an agreement 0.1 s, ... on the machine; the devices train at its speed
+    (scale 1): the keys leave 2 x 0.5 s after the task, the shares k (0.1 + 0.01) + 2 (k + 1) t 0.001
+    s after the roster, and the server's unmasking takes what node/secure/analytic.py says."""
+    costs = SecureCosts(host_ms_per_sample=1.0, keygen_s=0.5, agree_s=0.1, split_s=0.001, seal_s=0.01, word_s=1e-6,
+                        combine_s=0.002)
+    star = Star(protocol("secagg", costs=costs)).run()
+    task = next(m for m in star.sent if m.kind == "task" and m.dst == "c1")
+    keys = next(m for m in star.sent if m.kind == "sa_keys" and m.src == "c1")
+    assert keys.t - HOP_S == pytest.approx(task.t + 1.0)
+    roster = next(m for m in star.sent if m.kind == "sa_roster" and m.dst == "c1")
+    shares = next(m for m in star.sent if m.kind == "sa_shares" and m.src == "c1")
+    k, t = 4, 3
+    assert shares.t - HOP_S == pytest.approx(roster.t + k * 0.11 + 2 * (k + 1) * t * 0.001)
+    rnd = star.rounds()[0]
+    length = vector.length(star.server.spec)
+    expected = analytic.round_cost(protocol("secagg", costs=costs), 5, length, 0.0, costs).server_compute_s
+    assert rnd["secure"]["server_s"] == pytest.approx(expected) and expected > 0.01
