@@ -7,7 +7,8 @@ gossip, coloured; a late or dropped client's bars pale; paged, and zoomed to any
 the shared bottlenecks' load over time (emulator/utilisation.py), selection and outcomes by device
 and link profile, the run's plots (accuracy against time and bytes, round time by phase, a round's Gantt,
 bit-lengths; embedded), the clients that straggled or dropped and why, the incidents, the privacy
-ledger as summary.json gives it, and the network process's own figures.
+ledger as summary.json gives it, secure aggregation's phases (secure.csv) where it ran, and the
+network process's own figures.
 `python -m emulator report RUN_DIR` writes it (a run writes it at its end, with the plots)."""
 from __future__ import annotations
 
@@ -90,6 +91,8 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "timeline": rows, "timeline_clients": total,
         "stragglers": outcomes,
         "privacy": {"settings": summary.get("privacy"), "spent": summary.get("privacy_spent")},
+        "secure": {"summary": summary.get("secure_aggregation"),
+                   "phases": read_rows(run_dir / "secure.csv") if (run_dir / "secure.csv").exists() else []},
         "network": summary.get("network"),
         "incidents": summary.get("incidents") or [],
         "client_outcomes": summary.get("client_outcomes"),
@@ -268,6 +271,11 @@ main.appendChild(RUN.stragglers.length ? table('stragglers', RUN.stragglers, Obj
 main.appendChild(el('h2', {}, 'Incidents'));
 main.appendChild(RUN.incidents.length ? el('pre', {id: 'incidents'}, RUN.incidents.map(i => JSON.stringify(i)).join('\n'))
                                       : el('div', {id: 'incidents', 'class': 'muted'}, 'none'));
+if (RUN.secure.phases.length) {
+  main.appendChild(el('h2', {}, 'Secure aggregation, phase by phase'));
+  main.appendChild(el('pre', {id: 'secure-summary'}, JSON.stringify(RUN.secure.summary, null, 1)));
+  main.appendChild(table('secure', RUN.secure.phases, Object.keys(RUN.secure.phases[0])));
+}
 main.appendChild(el('h2', {}, 'Privacy ledger'));
 main.appendChild(el('pre', {id: 'privacy'}, JSON.stringify(RUN.privacy, null, 1)));
 main.appendChild(el('h2', {}, 'The network process'));

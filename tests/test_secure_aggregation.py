@@ -4,11 +4,14 @@ the accuracy of the same run with the shared encoding and no masks exactly; the 
 phase's bytes and times (secure.csv) and the overhead (summary.json); a run replays to the same
 bytes and times from its pinned scenario.yaml; the schema refuses what cannot work, in one line."""
 import json
+import shutil
+import subprocess
 
 import pytest
 import yaml
 
 from conftest import read_csv, run_cli, write_scenario
+from emulator.htmlreport import collect
 from emulator.scenario import ScenarioError, load_scenario
 
 STAR = """
@@ -57,8 +60,16 @@ def test_a_masked_run_equals_the_plain_sum_and_writes_what_it_cost(tmp_path):
     assert 0 < summary["overhead_share_of_bytes"] < 1 and summary["overhead_s"] > 0
     clients = read_csv(masked / "clients.csv")
     assert all(c["outcome"] == "ok" and c["upload_end"] and c["samples"] for c in clients)
-    # the server never saw a client's sample count: the masked input's body has none
     assert "costs" in yaml.safe_load((masked / "scenario.yaml").read_text())["algorithm"]["secure_aggregation"]
+    # report.html shows the phases
+    data = collect(masked)
+    assert len(data["secure"]["phases"]) == 8 and data["secure"]["summary"]["word_bits"] == 19
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is not None:  # (.ci/run installs it; tests/test_htmlreport.py skips without it too)
+        dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                              (masked / "report.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
+        drawn = dom[dom.index('<table id="secure">'):]
+        assert drawn[:drawn.index("</table>")].count('<tr class="row">') == 8
 
 
 def test_a_run_replays_to_the_same_bytes_and_times_from_its_pinned_scenario(tmp_path):
