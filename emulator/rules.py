@@ -352,6 +352,8 @@ def secure_fits(sc) -> Fits:
         round_policy="secure aggregation sums the cohort that sent its masked input; leave round.policy at all",
         scoring_selectors=(f"{sc.selection.policy} scores clients by what their updates report, which secure "
                            f"aggregation hides from the server"),
+        offline_without_timeout=("devices go offline here, and secure aggregation waits for the masked inputs until the "
+                                 "round's deadline: set one"),
         weights_on={},
     )
 

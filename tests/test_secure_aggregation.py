@@ -105,6 +105,9 @@ def test_a_corrupt_client_is_excluded_with_an_incident(tmp_path):
      "algorithm.secure_aggregation.corrupt_clients: no client 'c9'"),
     ("algorithm: {secure_aggregation: {protocol: secagg, degree: 4}}",
      "algorithm.secure_aggregation: degree: an even k for protocol secaggplus"),
+    ("algorithm: {secure_aggregation: {protocol: secagg}}\npopulation: {clients: 400, devices: [{ms_per_sample: 2.0}], "
+     "links: [{up_mbps: 5, down_mbps: 20}], availability: {kind: markov, mean_on_s: 600, mean_off_s: 60}}",
+     "round.timeout_s: devices go offline here, and secure aggregation waits for the masked inputs"),
     ("algorithm: {secure_aggregation: {protocol: secagg}, codec: {up: {name: fp16, error_feedback: true}}}",
      "algorithm.codec.up.error_feedback: secure aggregation sends each update in the cohort's fixed-point encoding"),
     ("algorithm: {name: semiasync, secure_aggregation: {protocol: secagg}}\nround: {timeout_s: 30}",

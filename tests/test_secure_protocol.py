@@ -222,3 +222,14 @@ def test_the_cryptography_is_charged_to_emulated_time_by_the_cost_model():
     length = vector.length(star.server.spec)
     expected = analytic.round_cost(protocol("secagg", costs=costs), 5, length, 0.0, costs).server_compute_s
     assert rnd["secure"]["server_s"] == pytest.approx(expected) and expected > 0.01
+
+
+def test_a_deadline_during_the_key_phases_leaves_the_masked_input_a_timeout_of_its_own():
+    """The round's deadline passes while c4's shares are still awaited: the shares phase closes, and
+    the masked input phase (which the deadline no longer bounds) waits phase_timeout_s for c3."""
+    lose = lambda m: (m.src == "c4" and m.kind == "sa_shares") or (m.src == "c3" and m.kind == "sa_masked")  # noqa: E731
+    star = Star(protocol("secagg", phase_timeout_s=60.0), lose=lose, timeout_s=10.0).run(until_s=1000)
+    rnd = star.rounds()[0]
+    phases = {p["phase"]: p for p in rnd["secure"]["phases"]}
+    assert phases["shares"]["t_end"] == pytest.approx(10.0) and phases["input"]["entered"] == 4
+    assert phases["input"]["t_end"] == pytest.approx(70.0) and rnd["completed"] == 3

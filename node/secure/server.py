@@ -57,6 +57,7 @@ class SecureRound:
         self.choice = cfg.graph_for(self.n)
         self.word_bits = cfg.word_bits(self.n) if cfg.masked else cfg.bits
         self.phase = "keys" if cfg.masked else "input"
+        self.deadline_passed = False
         self.waiting = set(selected)  # who the phase still waits for
         self.answered: list[str] = []  # who answered it, in order
         self.ids: dict[str, int] = {}  # client -> its id (x coordinate of its shares)
@@ -82,7 +83,7 @@ class SecureRound:
         return {"phase": phase, "t_start": t, "entered": entered}
 
     def timers(self, t: float) -> list[tuple[float, str]]:
-        if self.phase == "input":
+        if self.phase == "input" and not self.deadline_passed:
             return []  # the round's deadline bounds training
         return [(t + self.cfg.phase_timeout_s, f"{TIMER}:{self.index}:{self.phase}")]
 
@@ -106,7 +107,9 @@ class SecureRound:
         return self._advance(t)
 
     def on_deadline(self, t: float) -> Step:
-        """The round's deadline: the masked input (or an earlier phase) closes with whoever answered."""
+        """The round's deadline: the masked input (or an earlier phase) closes with whoever answered;
+        a masked input phase opened after it waits phase_timeout_s."""
+        self.deadline_passed = True
         return self._advance(t) if self.phase in ("keys", "shares", "input") else Step()
 
     def on_lost(self, names: set[str], t: float) -> Step:
