@@ -40,6 +40,15 @@ SCAFFOLD = RESUMABLE.replace(
     "model: mnist_cnn", "model: mlp")  # fp32 both ways, twice the model: small enough to be in between rounds
 
 
+# secure aggregation: its phases' table and totals resume too (a pinned cost table: both runs charge the same)
+SECURE = RESUMABLE.replace(
+    "algorithm: {local_epochs: 1, batch_size: 25, codec: {up: {name: topk, fraction: 0.1, error_feedback: true}}}",
+    "algorithm: {local_epochs: 1, batch_size: 25, codec: {down: {name: int}}, secure_aggregation: {protocol: secagg, "
+    "clip: 0.5, phase_timeout_s: 10, costs: {host_ms_per_sample: 1.0, keygen_s: 0.0001, agree_s: 0.0001, "
+    "split_s: 0.000001, seal_s: 0.00001, word_s: 0.000000005, combine_s: 0.000001}}}").replace(
+    "model: mnist_cnn", "model: mlp")
+
+
 def checkpointed_rounds(out) -> int:
     try:
         return json.loads((out / "checkpoint" / "meta.json").read_text())["rounds"]
@@ -51,7 +60,7 @@ def without_wall(rows):
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
 
-@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD], ids=["fedavg_topk_feedback", "scaffold"])
+@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD, SECURE], ids=["fedavg_topk_feedback", "scaffold", "secagg"])
 def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_run_writes(tmp_path, scenario):
     path = write_scenario(tmp_path / "s.yaml", scenario)
     whole = tmp_path / "whole"
@@ -82,7 +91,7 @@ def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_r
     res = run_cli("resume", str(broken))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "round 12/12" in res.stdout and f"round {cut_at}/12" not in res.stdout  # only what was left ran again
-    for name in CSVS:
+    for name in CSVS + (("secure",) if scenario is SECURE else ()):
         assert read_csv(broken / f"{name}.csv") == read_csv(whole / f"{name}.csv"), name
     assert without_wall(read_csv(broken / "rounds.csv")) == without_wall(read_csv(whole / "rounds.csv"))
     summary = json.loads((broken / "summary.json").read_text())
