@@ -6,6 +6,7 @@ import itertools
 import os
 import pickle
 import shutil
+import time
 from typing import Any
 
 from protocol import envelope
@@ -20,6 +21,7 @@ class Checkpoints:
         self.waiting: set[str] = set()  # peers still writing their part of a checkpoint
         self.failed: list[str] = []
         self.round = -1
+        self.paused_at: float | None = None  # realtime mode: the wall time the clock stopped for a checkpoint
 
     def begin(self, sock: Any, round_: int) -> None:
         """A checkpoint of the run at this instant: every event before it is done, and (the lower
@@ -38,6 +40,7 @@ class Checkpoints:
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
         self.round, self.failed = round_, []
+        self.paused_at = time.monotonic()
         self.waiting = {p for p, actors in net.peer_actors.items() if p != CONDUCTOR and not set(actors) <= net.dead}
         for peer in sorted(self.waiting):
             sock.send_multipart([peer.encode(), envelope.pack("snapshot", round=round_,
@@ -62,6 +65,11 @@ class Checkpoints:
 
     def _finish(self) -> None:
         net = self.net
+        if net.clock.realtime_speedup and net.clock.wall_start is not None and self.paused_at is not None:
+            # realtime: the emulated clock stood still while the peers wrote their parts; what is due
+            # after the checkpoint is due that much later in wall time (not late: no lag is charged)
+            net.clock.wall_start += time.monotonic() - self.paused_at
+        self.paused_at = None
         staging = net.cfg.checkpoint_dir + ".new"
         if not self.failed:
             try:

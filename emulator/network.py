@@ -148,6 +148,8 @@ class Network:
         self.clock.wall_start = time.monotonic()
         if self.cfg.restore:
             self.checkpoints.restore(self.cfg.restore)
+            if self.clock.realtime_speedup:  # realtime: the clock goes on from the checkpoint's instant, now
+                self.clock.wall_start = time.monotonic() - self.clock.now / self.clock.realtime_speedup
             self.to_conductor("report", {"type": "clock_started", "t_net": self.now, "resumed": True})
             return
         self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})

@@ -20,8 +20,7 @@ DOWNLOAD_CARRIES_WEIGHTS = {"algorithm.codec.down": "the download carries the mo
 
 
 def _checkpoints_refused(sc) -> str:
-    return (f"checkpoints are for the star topology in virtual time (this scenario has topology {sc.topology}, "
-            f"clock.mode {sc.clock.mode})")
+    return f"checkpoints are for the star topology (this scenario has topology {sc.topology})"
 
 
 def _notify_closed_refused(sc) -> str:

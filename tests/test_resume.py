@@ -49,6 +49,10 @@ SECURE = RESUMABLE.replace(
     "model: mnist_cnn", "model: mlp")
 
 
+# realtime: the clock stands still while a checkpoint is written, and goes on from it on resume
+REALTIME = RESUMABLE.replace("eval: {every: 1}", "eval: {every: 1}\nclock: {mode: realtime, speedup: 20}")
+
+
 def checkpointed_rounds(out) -> int:
     try:
         return json.loads((out / "checkpoint" / "meta.json").read_text())["rounds"]
@@ -60,7 +64,8 @@ def without_wall(rows):
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
 
-@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD, SECURE], ids=["fedavg_topk_feedback", "scaffold", "secagg"])
+@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD, SECURE, REALTIME],
+                         ids=["fedavg_topk_feedback", "scaffold", "secagg", "realtime"])
 def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_run_writes(tmp_path, scenario):
     path = write_scenario(tmp_path / "s.yaml", scenario)
     whole = tmp_path / "whole"
@@ -98,6 +103,8 @@ def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_r
     assert summary["status"] == "completed" and summary["rounds_completed"] == 12
     assert summary["resumed"][0]["from_round"] == cut_at
     assert summary["best_accuracy"] == json.loads((whole / "summary.json").read_text())["best_accuracy"]
+    if scenario is REALTIME:  # the resumed part's lag, measured from the checkpoint's instant on
+        assert summary["clock"]["mode"] == "realtime" and summary["clock"]["lag"]["events"] > 0
 
     again = run_cli("resume", str(broken))
     assert again.returncode == 2 and "the run completed; there is nothing to resume" in again.stderr
@@ -126,6 +133,6 @@ def test_no_checkpoint_while_clients_still_upload(tmp_path):
 
 
 def test_checkpoints_are_refused_where_they_do_not_apply(tmp_path):
-    text = RESUMABLE.replace("eval: {every: 1}", "eval: {every: 1}\nclock: {mode: realtime, speedup: 100}")
+    text = RESUMABLE.replace("algorithm: {local_epochs: 1,", "algorithm: {name: fedbuff, local_epochs: 1,")
     res = run_cli("validate", str(write_scenario(tmp_path / "s.yaml", text)))
-    assert res.returncode == 2 and "run.checkpoint_every: checkpoints are for the star topology in virtual time" in res.stderr
+    assert res.returncode == 2 and "run.checkpoint_every: a fedbuff run always has clients training" in res.stderr
