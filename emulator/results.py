@@ -98,21 +98,12 @@ class RunWriter:
         self.aggregators = set(aggregators)
         self._secure_file = self._secure = None
         if ((scenario.get("algorithm") or {}).get("secure_aggregation") or {}).get("protocol", "none") != "none":
-            path = self.dir / "secure.csv"
-            if resume is not None:
-                with open(path, "r+b") as f:
-                    f.truncate(resume["csv_bytes"]["secure"])
-            self._secure_file = open(path, "a" if resume is not None else "w", newline="")
-            self._secure = csv.DictWriter(self._secure_file, fieldnames=SECURE_FIELDS)
-            if resume is None:
-                self._secure.writeheader()
+            self._secure_file, self._secure = self._extra_csv("secure", SECURE_FIELDS, resume)
         self.secure_totals = SecureTotals()
         self.edge_reports: list[dict] = []  # edge rounds since the last cloud round
         self._edges_file = self._edges = None
         if self.aggregators:
-            self._edges_file = open(self.dir / "edges.csv", "w", newline="")
-            self._edges = csv.DictWriter(self._edges_file, fieldnames=EDGE_FIELDS)
-            self._edges.writeheader()
+            self._edges_file, self._edges = self._extra_csv("edges", EDGE_FIELDS, resume)
         self.device_events: dict[str, list[dict]] = defaultdict(list)
         self.outcomes: dict[str, int] = defaultdict(int)
         self.unassigned: list[dict] = []  # transfer records not yet counted in a round
@@ -136,6 +127,20 @@ class RunWriter:
         # what a salvage cuts the CSV files and the rows back to (emulator/conductor.py)
         self._whole, self._whole_rows = self._sizes(), len(self.rows)
 
+    def _extra_csv(self, name: str, fields: list[str], resume: dict | None):
+        """A CSV file only some runs write (edges.csv, secure.csv): new, or on resume cut back to
+        the checkpoint's length and appended to."""
+        path = self.dir / f"{name}.csv"
+        if resume is not None:
+            with open(path, "r+b") as f:
+                f.truncate(resume["csv_bytes"][name])
+        handle = open(path, "a" if resume is not None else "w", newline="")
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        if resume is None:
+            writer.writeheader()
+            handle.flush()
+        return handle, writer
+
     def checkpoint_state(self) -> dict:
         """Everything needed to go on writing this run as if it had never stopped."""
         sizes = {}
@@ -143,9 +148,10 @@ class RunWriter:
             handle = getattr(self, f"_{name}_file")
             handle.flush()
             sizes[name] = os.fstat(handle.fileno()).st_size
-        if self._secure_file is not None:
-            self._secure_file.flush()
-            sizes["secure"] = os.fstat(self._secure_file.fileno()).st_size
+        for name, handle in (("secure", self._secure_file), ("edges", self._edges_file)):
+            if handle is not None:
+                handle.flush()
+                sizes[name] = os.fstat(handle.fileno()).st_size
         return {"csv_bytes": sizes, **{name: getattr(self, name) for name in WRITER_STATE}}
 
     def privacy_release(self, rep: dict) -> None:

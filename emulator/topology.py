@@ -20,7 +20,7 @@ DOWNLOAD_CARRIES_WEIGHTS = {"algorithm.codec.down": "the download carries the mo
 
 
 def _checkpoints_refused(sc) -> str:
-    return f"checkpoints are for the star topology (this scenario has topology {sc.topology})"
+    return f"checkpoints are for the star and the hierarchy (this scenario has topology {sc.topology})"
 
 
 def _notify_closed_refused(sc) -> str:
@@ -182,7 +182,7 @@ class Hierarchical(Topology):
     @classmethod
     def fits(cls, sc) -> Fits:
         return Fits(who="topology hierarchical", adaptive_bits="adaptive bit schedules follow a star's rounds; use static",
-                    checkpoints=_checkpoints_refused(sc), notify_closed=_notify_closed_refused(sc),
+                    notify_closed=_notify_closed_refused(sc),
                     weights_on={**DOWNLOAD_CARRIES_WEIGHTS,
                                 "hierarchy.codec": "edges and the cloud exchange the models' weights both ways"})
 

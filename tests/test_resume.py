@@ -53,6 +53,14 @@ SECURE = RESUMABLE.replace(
 REALTIME = RESUMABLE.replace("eval: {every: 1}", "eval: {every: 1}\nclock: {mode: realtime, speedup: 20}")
 
 
+# the hierarchy: the cloud checkpoints after its rounds, the edges' state with it, edges.csv resumes too
+HIERARCHY = RESUMABLE.replace(
+    "algorithm: {local_epochs: 1, batch_size: 25, codec: {up: {name: topk, fraction: 0.1, error_feedback: true}}}",
+    "topology: hierarchical\nhierarchy: {edges: 2, edge_rounds: 2}\n"
+    "algorithm: {local_epochs: 1, batch_size: 25, codec: {up: {name: int}}}").replace(
+    "selection: {clients_per_round: 4,", "selection: {clients_per_round: 2,").replace("model: mnist_cnn", "model: mlp")
+
+
 def checkpointed_rounds(out) -> int:
     try:
         return json.loads((out / "checkpoint" / "meta.json").read_text())["rounds"]
@@ -64,8 +72,8 @@ def without_wall(rows):
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
 
-@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD, SECURE, REALTIME],
-                         ids=["fedavg_topk_feedback", "scaffold", "secagg", "realtime"])
+@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD, SECURE, REALTIME, HIERARCHY],
+                         ids=["fedavg_topk_feedback", "scaffold", "secagg", "realtime", "hierarchy"])
 def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_run_writes(tmp_path, scenario):
     path = write_scenario(tmp_path / "s.yaml", scenario)
     whole = tmp_path / "whole"
@@ -96,7 +104,7 @@ def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_r
     res = run_cli("resume", str(broken))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "round 12/12" in res.stdout and f"round {cut_at}/12" not in res.stdout  # only what was left ran again
-    for name in CSVS + (("secure",) if scenario is SECURE else ()):
+    for name in CSVS + (("secure",) if scenario is SECURE else ()) + (("edges",) if scenario is HIERARCHY else ()):
         assert read_csv(broken / f"{name}.csv") == read_csv(whole / f"{name}.csv"), name
     assert without_wall(read_csv(broken / "rounds.csv")) == without_wall(read_csv(whole / "rounds.csv"))
     summary = json.loads((broken / "summary.json").read_text())
