@@ -64,7 +64,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 CSV_FILES = {"transfers": TRANSFER_FIELDS, "rounds": ROUND_FIELDS, "clients": CLIENT_FIELDS, "devices": DEVICE_FIELDS}
 # what a checkpoint keeps of the writer besides the lengths of its CSV files
 WRITER_STATE = ("device_events", "outcomes", "unassigned", "rows", "incidents", "summary", "releases", "diagnostics",
-                "secure_totals")
+                "secure_totals", "dispatch_timing")
 # a client's diagnostics kept for this many of its latest updates (an update's row may be written a few
 # rounds after it arrived, when a late update joins a later round)
 DIAGNOSTICS_KEPT = 8

@@ -283,9 +283,7 @@ def strategy_fits(name: str, sc) -> Fits:
                                     f"that never answers",
         )
     checkpoints = None
-    if cls.asynchronous:
-        checkpoints = f"a {name} run always has clients training, and a checkpoint needs an instant when nothing is under way"
-    elif not caps.checkpoints:
+    if not caps.checkpoints:
         checkpoints = f"{name}'s state cannot be checkpointed"
     return Fits(
         who=name, topologies=topologies, topology_why=topology_why, privacy=tuple(caps.privacy),

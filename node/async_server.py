@@ -1,7 +1,13 @@
 """The server of an asynchronous strategy (FedBuff): `concurrency` clients train at once; when one
 finishes (or times out, or its host is lost) another is dispatched with the current model; the
 strategy takes a server step whenever it is ready. A results "round" is one server step, and each
-client row is one dispatch, reported in the step during which it concluded."""
+client row is one dispatch, reported in the step during which it concluded.
+
+Checkpoints (run.checkpoint_every: K steps) need an instant when no client is training: after every
+K-th step the server drains, dispatching no one until the clients in flight have answered, timed out
+or been lost, then asks for the checkpoint and dispatches again at the same instant. The drain is
+part of the run whether or not it is ever resumed, so a resumed run writes what an uninterrupted
+one does; it costs the clients' idle time while the last ones of the drain finish."""
 from __future__ import annotations
 
 import logging
@@ -28,6 +34,9 @@ class Dispatch:
 
 
 class AsyncServer(ServerActor):
+    STATE = ServerActor.STATE + ("version", "dispatches", "inflight", "step_start", "concluded", "dispatched",
+                                 "stepping", "finished", "rejected_in_step", "draining")
+
     def __init__(self, cfg, clients: list[str], task):
         super().__init__(cfg, clients, task)
         options = self.strategy.options
@@ -40,6 +49,7 @@ class AsyncServer(ServerActor):
         self.dispatched = 0  # clients dispatched during the step in progress
         self.stepping = False  # an aggregation is under way (aggregate_s > 0)
         self.finished = False
+        self.draining: int | None = None  # the step after which a checkpoint waits for the clients in flight
         self.n_max = max(cfg.samples.values(), default=0)
 
     def react(self, msg: Message) -> Reaction:
@@ -57,11 +67,19 @@ class AsyncServer(ServerActor):
             return self._on_lost(msg)
         if msg.kind == "tick" and msg.body.get("tag", "").startswith("timeout:"):
             return self._on_timeout(int(msg.body["tag"].split(":")[1]), msg.t)
+        if msg.kind == "tick" and msg.body.get("tag") == "drained":
+            return self._fill(msg.t)
         return Reaction()
 
     # ---- dispatch ---------------------------------------------------------------------------
     def _fill(self, t: float) -> Reaction:
-        """Dispatch clients with the current model until `concurrency` are training."""
+        """Dispatch clients with the current model until `concurrency` are training (while a drain
+        for a checkpoint waits, none; once the last one is in, the checkpoint)."""
+        if self.draining is not None:
+            if self.inflight or self.stepping:
+                return Reaction()
+            step, self.draining = self.draining, None
+            return Reaction(timers=[(t, "drained")], checkpoint=step)
         free = self.concurrency - len(self.inflight)
         if free <= 0 or self.stepping:
             return Reaction()
@@ -156,6 +174,9 @@ class AsyncServer(ServerActor):
             self.version += 1
             if self.version >= self.cfg.rounds:
                 return self._finish(t_end, None, report)
+            every = self.cfg.checkpoint_every
+            if every and self.version % every == 0:
+                self.draining = self.version - 1  # the checkpoint covers steps 0 .. version - 1
             reaction = self._step(t_end) if self.strategy.ready() else self._fill(t_end)
             reaction.reports.insert(0, report)
             return reaction
