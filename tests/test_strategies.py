@@ -80,11 +80,17 @@ def test_each_strategy_validates_its_own_options(tmp_path, algorithm, error):
 @pytest.mark.parametrize("extra, key", [
     ("round: {policy: first_k}", "round.policy"),
     ("selection: {clients_per_round: 2, over_selection: 1.5}", "selection.over_selection"),
-    ("run: {checkpoint_every: 1}", "run.checkpoint_every"),
 ])
 def test_asynchronous_strategies_refuse_synchronous_keys(tmp_path, extra, key):
     with pytest.raises(ScenarioError, match=key):
         load_scenario(write_scenario(tmp_path / "s.yaml", BASE % "name: fedbuff" + extra + "\n"))
+
+
+def test_fedbuff_takes_checkpoints_by_draining(tmp_path):
+    """run.checkpoint_every is no longer refused beside FedBuff: its server drains before each
+    checkpoint (node/async_server.py; tests/test_resume.py resumes one)."""
+    sc, _ = load_scenario(write_scenario(tmp_path / "s.yaml", BASE % "name: fedbuff" + "run: {checkpoint_every: 1}\n"))
+    assert sc.run.checkpoint_every == 1 and sc.algorithm.name == "fedbuff"
 
 
 def test_options_reach_the_built_strategy_with_defaults(tmp_path):
