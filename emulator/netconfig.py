@@ -14,6 +14,11 @@ from .flows.transport import TcpParams
 
 CONDUCTOR = "conductor"
 SERVER = "server"
+
+
+def client_name_width(population: int) -> int:
+    """The digits of a client's name, c0000 .. c(N-1): at least four."""
+    return max(4, len(str(population - 1)))
 NETWORK = "network"  # the sender of the network's own messages (start, online, tick, peer_down)
 
 

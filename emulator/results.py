@@ -84,26 +84,18 @@ class RunWriter:
                 w.writeheader()
                 w.writerows(population_rows)
         for name, fields in CSV_FILES.items():
-            path = self.dir / f"{name}.csv"
-            if resume is not None:
-                with open(path, "r+b") as f:
-                    f.truncate(resume["csv_bytes"][name])
-            handle = open(path, "a" if resume is not None else "w", newline="")
-            writer = csv.DictWriter(handle, fieldnames=fields)
-            if resume is None:
-                writer.writeheader()
-                handle.flush()
+            handle, writer = self._open_csv(name, fields, resume)
             setattr(self, f"_{name}_file", handle)
             setattr(self, f"_{name}", writer)
         self.aggregators = set(aggregators)
         self._secure_file = self._secure = None
         if ((scenario.get("algorithm") or {}).get("secure_aggregation") or {}).get("protocol", "none") != "none":
-            self._secure_file, self._secure = self._extra_csv("secure", SECURE_FIELDS, resume)
+            self._secure_file, self._secure = self._open_csv("secure", SECURE_FIELDS, resume)
         self.secure_totals = SecureTotals()
         self.edge_reports: list[dict] = []  # edge rounds since the last cloud round
         self._edges_file = self._edges = None
         if self.aggregators:
-            self._edges_file, self._edges = self._extra_csv("edges", EDGE_FIELDS, resume)
+            self._edges_file, self._edges = self._open_csv("edges", EDGE_FIELDS, resume)
         self.device_events: dict[str, list[dict]] = defaultdict(list)
         self.outcomes: dict[str, int] = defaultdict(int)
         self.unassigned: list[dict] = []  # transfer records not yet counted in a round
@@ -127,9 +119,9 @@ class RunWriter:
         # what a salvage cuts the CSV files and the rows back to (emulator/conductor.py)
         self._whole, self._whole_rows = self._sizes(), len(self.rows)
 
-    def _extra_csv(self, name: str, fields: list[str], resume: dict | None):
-        """A CSV file only some runs write (edges.csv, secure.csv): new, or on resume cut back to
-        the checkpoint's length and appended to."""
+    def _open_csv(self, name: str, fields: list[str], resume: dict | None):
+        """One of the run's CSV files (and its writer): new with its header, or on resume cut back
+        to the checkpoint's length and appended to."""
         path = self.dir / f"{name}.csv"
         if resume is not None:
             with open(path, "r+b") as f:
@@ -394,19 +386,21 @@ class RunWriter:
         write_json_atomic(self.dir / "summary.json", self.summary)
         return self.summary
 
+    def _handles(self) -> list:
+        """Every CSV file this run writes (edges.csv and secure.csv where it has them)."""
+        return [f for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file,
+                            self._edges_file, self._secure_file) if f is not None]
+
     def _sizes(self) -> dict[Path, int]:
         """Each CSV file's size, all of it flushed: what a salvage cuts back to."""
-        files = [self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file,
-                 self._secure_file]
-        return {Path(f.name): f.tell() for f in files if f is not None and not f.closed}
+        return {Path(f.name): f.tell() for f in self._handles() if not f.closed}
 
     def salvage(self) -> None:
         """After a write failed (a full disk): close every file and cut each CSV back to what it held
         after the last round written whole, so every file left is readable (no half row)."""
         whole = self._whole
-        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file,
-                  self._secure_file):
-            if f is None or f.closed:
+        for f in self._handles():
+            if f.closed:
                 continue
             try:
                 f.close()
@@ -419,9 +413,8 @@ class RunWriter:
         self._whole = {}  # a second salvage (the summary's write failed too) cuts nothing more
 
     def close(self) -> None:
-        for f in (self._transfers_file, self._rounds_file, self._clients_file, self._devices_file, self._edges_file,
-                  self._secure_file):
-            if f is not None and not f.closed:
+        for f in self._handles():
+            if not f.closed:
                 f.close()
 
 

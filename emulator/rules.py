@@ -25,6 +25,8 @@ from node.plugins import is_import_path
 from node.selection import selector_class
 from node.strategies import strategy_class
 
+from .netconfig import client_name_width
+
 UNSET = object()
 
 
@@ -368,7 +370,7 @@ def _secure_lines(sc) -> Iterator[str]:
     if name not in ALGORITHMS and strategy_class(name).uniform_weights and secure.weighting == "samples":
         yield (f"algorithm.secure_aggregation.weighting: {name} counts each client once (its sensitivity is its clip); "
                f"set uniform")
-    width = max(4, len(str(clients - 1)))  # as the world names them
+    width = client_name_width(clients)
     for client in secure.corrupt_clients:
         if not (re.fullmatch(r"c\d+", client) and len(client) == width + 1 and int(client[1:]) < clients):
             yield (f"algorithm.secure_aggregation.corrupt_clients: no client {client!r} (clients are c{0:0{width}d} .. "

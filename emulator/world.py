@@ -30,7 +30,7 @@ from node.server import ServerConfig
 from . import devices as dev_model
 from .flows.links import INF, Framing
 from .flows.traces import SyntheticFades, Trace, TraceError, TraceRef, load_trace
-from .netconfig import Fault, Link
+from .netconfig import Fault, Link, client_name_width
 from .scenario import FLOWER, Scenario, ScenarioError
 from .topology import TOPOLOGIES
 from .flows.transport import TcpParams
@@ -200,17 +200,13 @@ def _evaluates_on_clients(sc: Scenario) -> bool:
     return TOPOLOGIES[sc.topology].evaluates_on_clients or sc.eval.split == "clients"
 
 
-def _name_width(n: int) -> int:
-    return max(4, len(str(n - 1)))
-
-
 def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: list, test_shards: list,
              hosts: int) -> list[ClientInfo]:
     """Every client: its profile (samples, speed), device, access link and host."""
     n = sc.population.clients
     devices = assign_mix([d.share for d in sc.population.devices], n, rng)
     links = assign_mix([lk.share for lk in sc.population.links], n, rng)
-    width = _name_width(n)
+    width = client_name_width(n)
     capacity = _trace_records(sc.population.capacity_trace, "population.capacity_trace")
     behaviour = _trace_records(sc.population.availability.trace, "population.availability.trace") \
         if sc.population.availability.kind == "trace" else None
@@ -289,7 +285,7 @@ class LinkTraces:
 
 
 def _faults(sc: Scenario, clients: list[ClientInfo]) -> list[Fault]:
-    n, width = len(clients), _name_width(len(clients))
+    n, width = len(clients), client_name_width(len(clients))
     names = {c.profile.name for c in clients} | {"server"}
     faults = []
     for i, f in enumerate(sc.faults):

@@ -117,8 +117,7 @@ class AsyncServer(ServerActor):
 
     # ---- arrivals ---------------------------------------------------------------------------
     def _on_async_update(self, msg: Message) -> Reaction:
-        if self.cfg.checkin and msg.body.get("status") and msg.src not in self.down:
-            self.pool[msg.src] = {**msg.body["status"], "checkin_t": msg.t}  # reporting back is a check-in
+        self._reported_back(msg)
         d = self.inflight.get(msg.src)
         if d is None or d.id != msg.round:
             self.late += 1

@@ -219,8 +219,7 @@ class ServerActor(SecureRounds, Checkpointable):
 
     def _on_update(self, msg: Message) -> Reaction:
         rnd = self.round
-        if self.cfg.checkin and msg.body.get("status") and msg.src not in self.down:
-            self.pool[msg.src] = {**msg.body["status"], "checkin_t": msg.t}  # reporting back is a check-in
+        self._reported_back(msg)
         if msg.round in self.overdue.get(msg.src, ()) and (rnd is None or msg.round != rnd.index):
             return self._on_overdue(msg)
         if rnd is None or msg.round != rnd.index or msg.src not in rnd.waiting:
@@ -246,6 +245,12 @@ class ServerActor(SecureRounds, Checkpointable):
                                    msg.t - rnd.t_start)
         enough = self.cfg.round_policy == "first_k" and len(rnd.completed) >= self.cfg.clients_per_round
         return self._close(msg.t) if enough or not rnd.waiting else Reaction()
+
+    def _reported_back(self, msg: Message) -> None:
+        """With check-in, a client's upload (an update, or a masked input) carries its status: reporting
+        back is a check-in."""
+        if self.cfg.checkin and msg.body.get("status") and msg.src not in self.down:
+            self.pool[msg.src] = {**msg.body["status"], "checkin_t": msg.t}
 
     def _on_overdue(self, msg: Message) -> Reaction:
         """keeps_late: the update of a client a deadline cut off joins the round in progress (or the next)."""

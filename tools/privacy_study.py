@@ -22,23 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from studies import run_scenario  # noqa: E402
 
 
 def _run(scenario: str, sets: list[str], rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        args = [sys.executable, "-m", "emulator", "run", scenario, "--out", str(out), "--quiet", "--set", f"rounds={rounds}",
-                "--set", f"eval.every={max(1, rounds // 4)}"]
-        for s in sets:
-            args += ["--set", s]
-        res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        res = run_scenario(scenario, out, [f"rounds={rounds}", f"eval.every={max(1, rounds // 4)}", *sets],
+                           ("--quiet",), capture_output=True)
         if res.returncode != 0:
             raise SystemExit(f"{scenario} {sets}: {res.stderr[-2000:]}")
         return json.loads((out / "summary.json").read_text())

@@ -20,18 +20,17 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from node.secure import analytic  # noqa: E402
 from node.secure.config import SecureConfig, measure_costs  # noqa: E402
+from studies import run_scenario  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 LENGTH = 1_663_370 + 1  # the MNIST CNN's parameters and the weight slot
 PROTOCOLS = ("secagg", "secaggplus")
 SCENARIO = """
@@ -58,8 +57,7 @@ def emulate(protocol: str, n: int, cfg: SecureConfig) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path, out = Path(tmp) / "s.yaml", Path(tmp) / "run"
         path.write_text(SCENARIO.format(n=n, protocol=protocol))
-        res = subprocess.run([sys.executable, "-m", "emulator", "run", str(path), "--out", str(out), "--quiet"],
-                             cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        res = run_scenario(path, out, [], ("--quiet",), capture_output=True)
         if res.returncode != 0:
             raise SystemExit(f"the emulated run of {protocol} n={n} failed: {res.stderr[-2000:]}")
         with open(out / "rounds.csv") as f:

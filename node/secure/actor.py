@@ -13,11 +13,11 @@ from .server import SecureRound, Step
 
 
 class SecureRounds:
-    """Needs the ServerActor's round, secure, cfg, spec, global_state, strategy, pool, down and _close."""
+    """Needs the ServerActor's round, secure, cfg, spec, global_state, strategy, _reported_back and _close."""
 
     def _on_secure(self, msg: Message) -> Reaction:
-        if self.cfg.checkin and msg.kind == "sa_masked" and msg.body.get("status") and msg.src not in self.down:
-            self.pool[msg.src] = {**msg.body["status"], "checkin_t": msg.t}  # reporting back is a check-in
+        if msg.kind == "sa_masked":
+            self._reported_back(msg)
         if self.secure is None or self.round is None or msg.kind != "tick" and msg.round != self.round.index:
             return Reaction()  # a message of an earlier round (a timer names its round in its tag)
         step = self.secure.on_timer(msg.body["tag"], msg.t) if msg.kind == "tick" else self.secure.on_message(msg)
@@ -60,7 +60,6 @@ class SecureRounds:
         for name in rnd.selected:
             if name in contributors:
                 rnd.clients[name] = {"outcome": "ok", "samples": None, "bits": secure.word_bits}  # samples: the notes'
-
             else:
                 rnd.clients[name] = {"outcome": "rejected" if name in secure.excluded else "no_update"}
                 rnd.failed.append(name)

@@ -51,7 +51,7 @@ def round_cost(cfg: SecureConfig, n: int, length: int, dropout: float = 0.0, cos
     alive_share = alive / n
     if not cfg.masked:
         return RoundCost(cfg.protocol, n, dropout, 0, 0, m, vector, 0, alive * vector, 0, 0,
-                         0.0, _seconds(costs, lambda c: alive * length * c.word_s))
+                         0.0, _seconds(costs, lambda c: c.unmasking_s(length, alive, False)))
     roster = (k + 1 if choice.complete else k) * KEY_RECORD
     survivors = (k + 1) * alive_share * ID_RECORD  # the neighbours (and itself) that sent their masked input
     up = KEY_RECORD + k * CIPHER_RECORD + vector + (k + 1) * SHARE_RECORD
@@ -62,11 +62,10 @@ def round_cost(cfg: SecureConfig, n: int, length: int, dropout: float = 0.0, cos
     pairs = gone * k * alive_share  # a dropped client's masks with the survivors, which the server removes
 
     def client(c: SecureCosts) -> float:
-        return 2 * c.keygen_s + 2 * k * (c.agree_s + c.seal_s) + 2 * (k + 1) * t * c.split_s + (k + 1) * length * c.word_s
+        return c.keys_s() + c.shares_s(k, k + 1, t) + c.masking_s(k, length)
 
-    def server(c: SecureCosts) -> float:
-        return (alive * length * c.word_s + n * t * t * c.combine_s + pairs * c.agree_s
-                + (alive + pairs) * length * c.word_s)
+    def server(c: SecureCosts) -> float:  # every client's secret is rebuilt: the survivors' b, the dropped's key
+        return c.unmasking_s(length, alive, True, n, t, pairs)
 
     return RoundCost(cfg.protocol, n, dropout, k, t, m, up, down, server_up, server_down,
                      server_up + server_down - plain, _seconds(costs, client), _seconds(costs, server))

@@ -94,7 +94,7 @@ class SecureClient:
         frame = records.pack_keys([record])
         send = Send(client.profile.aggregator, "sa_keys", r, {}, [frame], len(frame), 0)
         costs = self.cfg.costs
-        return self._charged(client, 2 * costs.keygen_s if costs else 0.0, task, [send])
+        return self._charged(client, costs.keys_s() if costs else 0.0, task, [send])
 
     def on_message(self, client, msg) -> Reaction | None:
         state: ClientRound | None = getattr(client, "secure_round", None)
@@ -135,8 +135,7 @@ class SecureClient:
         frame = records.pack_ciphers(sealed)
         send = Send(client.profile.aggregator, "sa_shares", r, {}, [frame], len(frame), 0)
         costs = self.cfg.costs
-        k = len(state.peers)
-        seconds = (k * (costs.agree_s + costs.seal_s) + 2 * len(holders) * state.threshold * costs.split_s) if costs else 0.0
+        seconds = costs.shares_s(len(state.peers), len(holders), state.threshold) if costs else 0.0
         return self._charged(client, seconds, msg, [send])
 
     # ---- phase 3 --------------------------------------------------------------------------------
@@ -183,9 +182,8 @@ class SecureClient:
 
         busy = 0.0
         if cfg.costs is not None and masks is not None:
-            k = len(masks[1])
             length = vector.length(client.trainer.spec, client.cfg.strategy.extras_spec(client.trainer.spec, "up"))
-            busy = (k * (cfg.costs.agree_s + cfg.costs.seal_s) + (k + 1) * length * cfg.costs.word_s) * self._scale(client)
+            busy = cfg.costs.masking_s(len(masks[1]), length) * self._scale(client)
         body = {"invalid": invalid} if invalid else {}
         # the weight travels inside the masked vector; the bits are the round's (the server knows them)
         return SessionPlan(upload=upload, kind="sa_masked", busy_s=busy, body=body, hidden=("samples", "bits"))

@@ -34,6 +34,32 @@ class SecureCosts:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    # Each phase's cryptography in host seconds: the actors charge these (node/secure/client.py and
+    # server.py), and node/secure/analytic.py adds them up for a whole round.
+    def keys_s(self) -> float:
+        """A client's two key pairs."""
+        return 2 * self.keygen_s
+
+    def shares_s(self, neighbours: int, holders: int, threshold: int) -> float:
+        """A client's pairwise keys and seals, and its two secrets split among `holders`."""
+        return neighbours * (self.agree_s + self.seal_s) + 2 * holders * threshold * self.split_s
+
+    def masking_s(self, neighbours: int, length: int) -> float:
+        """A client opening its neighbours' sealed shares, agreeing their mask keys, and expanding
+        its self mask and one pairwise mask per neighbour over `length` words."""
+        return neighbours * (self.agree_s + self.seal_s) + (neighbours + 1) * length * self.word_s
+
+    def unmasking_s(self, length: int, summed: int, masked: bool, rebuilt: int = 0, threshold: int = 0,
+                    pairs: int = 0) -> float:
+        """The server adding `summed` vectors; masked, also rebuilding `rebuilt` secrets from
+        `threshold` shares each, agreeing `pairs` orphaned mask keys, and expanding the survivors'
+        self masks and those pairs' masks."""
+        seconds = summed * length * self.word_s
+        if masked:
+            seconds += rebuilt * threshold * threshold * self.combine_s + pairs * self.agree_s
+            seconds += (summed + pairs) * length * self.word_s
+        return seconds
+
 
 def _seconds(fn, reps: int = 5) -> float:
     fn()

@@ -267,15 +267,12 @@ class SecureRound:
         if costs is None:
             return 0.0
         length = vector.length(self.spec, self.extras)
-        seconds = len(contributors) * length * costs.word_s  # adding the vectors
-        if self.cfg.masked:
-            alive = {self.ids[c] for c in contributors}
-            dropped = [u for u in self.u2 if u not in alive and self._masked_with(u, alive)]
-            pairs = sum(len(self._masked_with(u, alive)) for u in dropped)
-            t = self.choice.threshold
-            seconds += (len(alive) + len(dropped)) * t * t * costs.combine_s + pairs * costs.agree_s
-            seconds += (len(alive) + pairs) * length * costs.word_s
-        return seconds
+        if not self.cfg.masked:
+            return costs.unmasking_s(length, len(contributors), False)
+        alive = {self.ids[c] for c in contributors}
+        dropped = [u for u in self.u2 if u not in alive and self._masked_with(u, alive)]
+        pairs = sum(len(self._masked_with(u, alive)) for u in dropped)
+        return costs.unmasking_s(length, len(alive), True, len(alive) + len(dropped), self.choice.threshold, pairs)
 
     def _compute(self) -> tuple[np.ndarray, int, list[dict]] | None:
         """The exact integer sum of the contributors' vectors (unmasked), their number, and the
