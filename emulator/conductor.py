@@ -272,7 +272,7 @@ class Conductor:
             key_files: list[Path] = []
             if self.placement.remote:
                 run_keys, key_files = self.placement.run_keys(self.run_dir, world.hosts)
-                listen = self.placement.listen or f"tcp://{ray_node_address()}:0"
+                listen = self.placement.listen or f"tcp://{ray_node_address(self.placement)}:0"
             self._spawn(world, endpoint, resume, listen, run_keys)
             ctx = zmq.Context()
             if self.placement.remote:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -308,17 +309,38 @@ def ray_hosts(placement: Placement, names: list[str], connect: str, keys: list[c
     started = not ray.is_initialized()
     if started:
         address = placement.ray_address or os.environ.get("RAY_ADDRESS")
-        ray.init(address=address, include_dashboard=False, log_to_driver=True, logging_level="warning")
+        here = ray_node_address(placement)
+        ray.init(address=address, include_dashboard=False, log_to_driver=True, logging_level="warning",
+                 **({"_node_ip_address": here} if address and address not in ("auto", "local") else {}))
     task = ray.remote(num_cpus=placement.cpus_per_host, num_gpus=placement.gpus_per_host, max_retries=0)(run_host_command)
     data_root = os.environ.get("EMULATOR_DATA")
     return started, [RayHost(name, task.remote(connect, key.as_dict(), threads, data_root, name))
                      for name, key in zip(names, keys)]
 
 
-def ray_node_address() -> str:
+def ray_node_address(placement: Placement) -> str:
+    """This machine's address as the Ray cluster sees it: the one it reaches the cluster's head
+    from. Ray itself guesses by routing towards a public address, which fails on a machine with no
+    route out (a private cluster network, a network namespace) and then falls back to the host
+    name's address, where no Ray node runs: the driver would wait for ever."""
+    address = placement.ray_address or os.environ.get("RAY_ADDRESS")
+    head = urlsplit(f"//{address}").hostname if address and address not in ("auto", "local") else None
+    if head is not None:
+        return local_address_towards(head)
     import ray  # noqa: PLC0415
 
     return ray.util.get_node_ip_address()
+
+
+def local_address_towards(host: str) -> str:
+    """The local IP address that packets to HOST leave from (a UDP socket's connect sends nothing)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+        except OSError as exc:
+            raise PlacementError(f"--ray-address {host}: no route to the Ray head from here ({exc})") from None
+        return s.getsockname()[0]
 
 
 def run_host_command(connect: str, key: dict, threads: int, data_root: str | None, slot: str = "") -> int:

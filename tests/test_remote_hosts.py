@@ -215,6 +215,21 @@ def namespaces_available() -> str | None:
     return None if res.returncode == 0 else f"cannot create a network namespace: {res.stderr.strip()}"
 
 
+def two_namespaces(*ends: tuple[str, str, str]) -> None:
+    """Two network namespaces, each (name, its end of the veth pair, its address in a /24), made
+    and joined by a veth pair: two machines on one cable, as far as TCP is concerned."""
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+    (ns_a, dev_a, _), (ns_b, dev_b, _) = ends
+    for ns, _, _ in ends:
+        ip("netns", "add", ns)
+        ip("-n", ns, "link", "set", "lo", "up")
+    ip("link", "add", dev_a, "netns", ns_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
+    for ns, dev, addr in ends:
+        ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+        ip("-n", ns, "link", "set", dev, "up")
+
+
 @pytest.fixture(scope="module")
 def two_machines():
     """Namespaces A (conductor, network, server) and B (hosts) joined by a veth pair: two machines
@@ -223,17 +238,8 @@ def two_machines():
     if why:
         pytest.skip(why)
 
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True)
     try:
-        for ns in (NS_A, NS_B):
-            ip("netns", "add", ns)
-            ip("-n", ns, "link", "set", "lo", "up")
-        ip("link", "add", "flemu-va", "netns", NS_A, "type", "veth", "peer", "name", "flemu-vb", "netns", NS_B)
-        ip("-n", NS_A, "addr", "add", f"{ADDR_A}/24", "dev", "flemu-va")
-        ip("-n", NS_B, "addr", "add", f"{ADDR_B}/24", "dev", "flemu-vb")
-        ip("-n", NS_A, "link", "set", "flemu-va", "up")
-        ip("-n", NS_B, "link", "set", "flemu-vb", "up")
+        two_namespaces((NS_A, "flemu-va", ADDR_A), (NS_B, "flemu-vb", ADDR_B))
         yield {"a": ["ip", "netns", "exec", NS_A], "b": ["ip", "netns", "exec", NS_B], "addr": ADDR_A}
     finally:
         for ns in (NS_A, NS_B):
