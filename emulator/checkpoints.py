@@ -14,6 +14,8 @@ from protocol import envelope
 from .clock import peek
 from .netconfig import CONDUCTOR
 
+MIN_PART_BYTES = 1 << 20  # a remote host's checkpoint part travels in messages of at most half the frame limit
+
 
 class Checkpoints:
     def __init__(self, net: Any):
@@ -42,11 +44,27 @@ class Checkpoints:
         self.round, self.failed = round_, []
         self.paused_at = time.monotonic()
         self.waiting = {p for p, actors in net.peer_actors.items() if p != CONDUCTOR and not set(actors) <= net.dead}
+        limit = net.cfg.max_message_bytes
+        chunk = max(MIN_PART_BYTES, limit // 2) if limit > 0 else 64 * MIN_PART_BYTES
         for peer in sorted(self.waiting):
-            sock.send_multipart([peer.encode(), envelope.pack("snapshot", round=round_,
-                                                              path=os.path.join(staging, f"{peer}.pkl"))])
+            # a host on another machine cannot write into this run directory: it sends its part
+            path = "" if peer in net.cfg.remote_peers else os.path.join(staging, f"{peer}.pkl")
+            sock.send_multipart([peer.encode(), envelope.pack("snapshot", round=round_, path=path, chunk=chunk)])
         if not self.waiting:
             self._finish()
+
+    def part(self, peer: str, frames: list[Any]) -> bool:
+        """A piece of a remote host's part, appended to its file in the staging folder (in order:
+        one peer's messages arrive in the order it sent them); False when none was asked of it."""
+        if peer not in self.waiting or peer not in self.net.cfg.remote_peers:
+            return False
+        try:
+            with open(os.path.join(self.net.cfg.checkpoint_dir + ".new", f"{peer}.pkl"), "ab") as f:
+                for frame in frames:
+                    f.write(frame.buffer if hasattr(frame, "buffer") else frame)
+        except OSError as exc:  # a full disk must not end the run: the checkpoint is skipped
+            self.failed.append(f"{peer}'s part: {type(exc).__name__}: {exc}")
+        return True
 
     def answered(self, peer: str, ok: bool, why: str | None) -> bool:
         """A peer's part is written (or failed); False when it was not asked for one."""

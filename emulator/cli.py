@@ -83,40 +83,58 @@ def _hosts_option(value: str | None) -> int | None:
     return int(count)
 
 
+def _placement_options(command):
+    """Where the hosts run: here (forked), or on other machines (joining over TCP, or Ray tasks)."""
+    options = [
+        click.option("--hosts", "remote_hosts", metavar="remote:N", help="Wait for N client hosts that join over TCP "
+                     "(python -m emulator host --connect ...) instead of forking them here. Needs --listen."),
+        click.option("--listen", metavar="tcp://ADDR:PORT", help="Where remote hosts join (the lobby); the network "
+                     "listens on PORT+1 (PORT 0: any free ports). CURVE-encrypted, only the run's host keys are admitted."),
+        click.option("--keys", "keys", type=click.Path(dir_okay=False, path_type=Path), metavar="CONDUCTOR_KEY",
+                     help="A conductor.key from `python -m emulator keys` (default: keys made for the run in RUN_DIR/keys)."),
+        click.option("--launcher", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="ray: start the hosts as Ray tasks (pip install -e '.[ray]'; RAY_ADDRESS or --ray-address "
+                     "picks the cluster, else a local Ray); their number is --hosts remote:N or population.hosts."),
+        click.option("--ray-address", help="The Ray cluster to use (default: $RAY_ADDRESS, else a local one)."),
+        click.option("--ray-cpus-per-host", type=float, default=1.0, show_default=True, help="Ray resources of one host."),
+        click.option("--ray-gpus-per-host", type=float, default=0.0, show_default=True,
+                     help="Ray GPU share of one host (0.25: four hosts per GPU)."),
+        click.option("--serve-data-mb", type=click.FloatRange(min=0), default=1024.0, show_default=True,
+                     help="The most data the lobby sends one host that has no data set of its own (its clients' rows)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _placement(remote_hosts: str | None, listen: str | None, keys: Path | None, launcher: str, ray_address: str | None,
+               ray_cpus_per_host: float, ray_gpus_per_host: float, serve_data_mb: float):
+    from .placement import Placement
+
+    count = _hosts_option(remote_hosts)
+    return Placement("ray" if launcher == "ray" else "remote" if count is not None else "local", count, listen, keys,
+                     ray_address, ray_cpus_per_host, ray_gpus_per_host, serve_data_mb)
+
+
 @main.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a scenario key (dotted path).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Run directory (default: output.dir/NAME-TIME).")
-@click.option("--hosts", "remote_hosts", metavar="remote:N", help="Wait for N client hosts that join over TCP "
-              "(python -m emulator host --connect ...) instead of forking them here. Needs --listen.")
-@click.option("--listen", metavar="tcp://ADDR:PORT", help="Where remote hosts join (the lobby); the network listens on "
-              "PORT+1 (PORT 0: any free ports). CURVE-encrypted, only the run's host keys are admitted.")
-@click.option("--keys", "keys", type=click.Path(dir_okay=False, path_type=Path), metavar="CONDUCTOR_KEY",
-              help="A conductor.key from `python -m emulator keys` (default: keys made for the run in RUN_DIR/keys).")
-@click.option("--launcher", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="ray: start the hosts as Ray tasks (pip install -e '.[ray]'; RAY_ADDRESS or --ray-address "
-              "picks the cluster, else a local Ray); their number is --hosts remote:N or population.hosts.")
-@click.option("--ray-address", help="The Ray cluster to use (default: $RAY_ADDRESS, else a local one).")
-@click.option("--ray-cpus-per-host", type=float, default=1.0, show_default=True, help="Ray resources of one host.")
-@click.option("--ray-gpus-per-host", type=float, default=0.0, show_default=True,
-              help="Ray GPU share of one host (0.25: four hosts per GPU).")
+@_placement_options
 @click.option("--trace", "with_trace", is_flag=True, help="Also write RUN_DIR/trace.json (run.trace): the run as a "
               "timeline for Perfetto UI or chrome://tracing.")
 @_progress_options
 @_log_option
-def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, remote_hosts: str | None, listen: str | None,
-        keys: Path | None, launcher: str, ray_address: str | None, ray_cpus_per_host: float, ray_gpus_per_host: float,
-        with_trace: bool, quiet: bool, json_progress: bool, plain: bool) -> None:
+def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, with_trace: bool, quiet: bool,
+        json_progress: bool, plain: bool, **where) -> None:
     """Run SCENARIO and write its run directory. On a terminal a live panel shows the round in
     progress; elsewhere (logs, CI) one line per round."""
     from .conductor import run_scenario  # heavy imports only when running
-    from .placement import Placement, PlacementError
+    from .placement import PlacementError
     from .progress import make_view
 
     _stop_on_signals()
-    count = _hosts_option(remote_hosts)
-    placement = Placement("ray" if launcher == "ray" else "remote" if count is not None else "local", count, listen, keys,
-                          ray_address, ray_cpus_per_host, ray_gpus_per_host)
+    placement = _placement(**where)
     try:
         sc, resolved = load_scenario(scenario, [*overrides, *(["run.trace=true"] if with_trace else [])])
         view = make_view(_view_mode(quiet, json_progress, plain), sc.rounds, _peer_traffic(sc), sc.clock.mode == "realtime")
@@ -133,19 +151,22 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, remote_hos
 
 @main.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@_placement_options
 @_progress_options
 @_log_option
-def resume(run_dir: Path, quiet: bool, json_progress: bool, plain: bool) -> None:
+def resume(run_dir: Path, quiet: bool, json_progress: bool, plain: bool, **where) -> None:
     """Continue the interrupted or crashed run in RUN_DIR from its last checkpoint (scenarios with
     run.checkpoint_every). The rounds after the checkpoint are run again; the CSV files are cut
-    back to the checkpoint first, so they end up as an uninterrupted run would have written them."""
+    back to the checkpoint first, so they end up as an uninterrupted run would have written them.
+    Its hosts are forked here, or join from other machines as for `run` (the run's own keys in
+    RUN_DIR/keys are used again)."""
     from .conductor import ResumeError, resume_run
     from .progress import make_view
 
     _stop_on_signals()
     mode = _view_mode(quiet, json_progress, plain)
     try:
-        summary = resume_run(run_dir, lambda sc: make_view(mode, sc.rounds, _peer_traffic(sc), False))
+        summary = resume_run(run_dir, lambda sc: make_view(mode, sc.rounds, _peer_traffic(sc), False), _placement(**where))
     except ResumeError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -302,15 +323,19 @@ def report(run_dir: Path, gantt_round: int | None) -> None:
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the run to answer (a host may start before the run does).")
 @click.option("--slot", default="", help="Ask for this host slot (host0, host1, ...); default: any free one.")
+@click.option("--data", type=click.Choice(["auto", "local", "lobby"]), default="auto", show_default=True,
+              help="Where the clients' samples come from: local (this machine's data root), lobby (the conductor "
+              "sends the rows this host's clients hold), auto (local where the data set is found, else the lobby).")
 @_log_option
-def host(connect: str, key: Path, data_root: str | None, threads: int | None, timeout_s: float, slot: str) -> None:
+def host(connect: str, key: Path, data_root: str | None, threads: int | None, timeout_s: float, slot: str,
+         data: str) -> None:
     """Join a run as one of its client hosts, from this machine (by hand, or from a Slurm,
     Kubernetes or Ray job). Exits 0 when the run ends, 2 when the run refuses this host."""
     from .host import run_host
 
     if threads is not None and threads < 1:
         raise click.BadParameter(f"{threads}: at least 1", param_hint="--threads")
-    sys.exit(run_host(connect, key, data_root, threads, timeout_s, slot))
+    sys.exit(run_host(connect, key, data_root, threads, timeout_s, slot, data))
 
 
 @main.command()

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,13 @@ import zmq
 from node.device import EXIT_DEVICE
 from node.processes import host_main
 from protocol import envelope
-from protocol.curve import read_host_key
 from .netconfig import CONDUCTOR, SERVER, NetworkConfig
 from .network import network_main
-from .placement import (DEFAULT_SILENCE_S, Lobby, Placement, PlacementError, RemoteHost, network_listen, ray_hosts,
-                        ray_node_address, slot_keys, world_fingerprint)
+from .placement import Child, Lobby, Placement, PlacementError, network_listen, ray_node_address, slot_keys
 from .topology import TOPOLOGIES, topology_of
 from .tracefile import write_trace
 from .progress import View
+from .remote_hosts import RemoteHosts
 from .reports import Reports
 from .results import RingRounds, RunWriter
 from .scenario import Scenario
@@ -103,14 +101,6 @@ def exit_code(summary: dict) -> int:
     return EXIT_CODES.get(summary["status"], 1)
 
 
-@dataclass
-class Child:
-    name: str
-    role: str  # network | server | host
-    proc: mp.Process | FreshProcess | RemoteHost
-    lost: bool = False
-
-
 def population_rows(world: World) -> list[dict]:
     return [{
         "client": c.profile.name, "host": c.host, "device": c.device, "ms_per_sample": c.profile.ms_per_sample,
@@ -137,7 +127,7 @@ def new_run_dir(base: Path, name: str) -> Path:
     raise RuntimeError(f"cannot find a free run directory under {base}")
 
 
-class Conductor:
+class Conductor(RemoteHosts):
     def __init__(self, sc: Scenario, resolved: dict, run_dir: Path, view: View | None = None,
                  placement: Placement | None = None):
         self.sc = sc
@@ -154,6 +144,7 @@ class Conductor:
         self.startup_s: float | None = None
         self.host_clients: dict[str, list[str]] = {}
         self.ring: RingRounds | None = None  # round rows assembled from the clients' reports (serverless topologies)
+        self.saved_ring: RingRounds | None = None
         self.reports = Reports(self)  # what each report from the processes does to the results
         self.storage_failed: str | None = None  # why a write of the results failed (a full disk): the run stopped
 
@@ -176,13 +167,13 @@ class Conductor:
                                 devices={c.profile.name: c.spec for c in world.clients if c.spec is not None},
                                 seed=self.sc.seed, rto_s=world.rto_s, groups=world.groups, group_of=world.group_of,
                                 tcp=world.tcp, group_queue_s=world.group_queue_s, flow_solver=world.flow_solver,
-                                starters=topo.starters(), watchers=topo.watchers(),
+                                starters=topo.starters(), watchers=topo.watchers(), barrier_group=tuple(topo.barrier_group()),
                                 peer_timeout_s=self.sc.run.peer_timeout_s, max_message_bytes=max_message_bytes(world),
                                 checkpoint_dir=str(self.run_dir / "checkpoint") if self.sc.run.checkpoint_every else None,
                                 restore=str(restore / "network.pkl") if restore else None,
                                 listen=network_listen(listen) if listen else None, run_keys=run_keys,
                                 slot_keys=slot_keys(run_keys, hosts) if run_keys is not None else {},
-                                traces=world.traces)
+                                traces=world.traces, remote_peers=frozenset(hosts if self.placement.remote else ()))
         holders = json.loads((restore / "meta.json").read_text())["actors"] if restore else {}
 
         def saved(actors: list[str]) -> list[str] | None:
@@ -190,12 +181,13 @@ class Conductor:
             if not restore:
                 return None
             return [str(restore / f"{peer}.pkl") for peer, held in sorted(holders.items()) if set(held) & set(actors)]
+        self.saved_parts, self.resuming = saved, restore is not None
         specs = [("network", "network", network_main, (net_cfg,))]
         server = topo.server_process(endpoint, me, saved)
         if server is not None:
             specs.append(server)
         client_cfg = topo.host_config()
-        self.ring = topo.client_rounds()
+        self.ring = topo.client_rounds() if self.saved_ring is None else self.saved_ring
         for h, name in enumerate(hosts):
             profiles = [c.profile for c in world.clients if c.host == h]
             self.host_clients[name] = [p.name for p in profiles]
@@ -248,6 +240,7 @@ class Conductor:
             with open(resume / "conductor.pkl", "rb") as f:
                 saved = pickle.load(f)
             self.reports.last_shortfall = saved["last_shortfall"]
+            self.saved_ring = saved.get("ring")  # a ring's round rows in the making (RingRounds)
             self.view.done = len(saved["writer"]["rows"])
         topo = topology_of(self.sc.topology, world)
         writer = RunWriter(self.run_dir, self.resolved, population_rows(world), saved["writer"] if saved else None,
@@ -357,53 +350,6 @@ class Conductor:
         if self.sc.run.trace:
             write_trace(self.run_dir)  # from the records just closed
         return summary
-
-    # ---- hosts on other machines -------------------------------------------------------------
-    def _open_lobby(self, ctx: zmq.Context, world: World, listen: str, run_keys, key_files: list[Path],
-                    writer: RunWriter) -> None:
-        """Open the lobby and, with the ray launcher, start the hosts that will join through it."""
-        names = sorted(self.host_clients, key=lambda n: int(n.removeprefix("host")))
-        bound = slot_keys(run_keys, names)
-        timeout = self.sc.run.peer_timeout_s
-        welcome = {"scenario": self.resolved, "fingerprint": world_fingerprint(world),
-                   "silence_s": float(timeout if timeout is not None else DEFAULT_SILENCE_S)}
-        if self.placement.launcher == "ray":  # (without --keys: Placement.check)
-            self.lobby = Lobby(ctx, listen, run_keys, [], welcome, bound)
-            # each task is handed its slot's host key, made for this run, as its argument
-            keys, threads = [read_host_key(p) for p in key_files], max(1, int(self.placement.cpus_per_host))
-            self.ray_started, procs = ray_hosts(self.placement, names, self.lobby.address_for_hosts(), keys, threads)
-            self.lobby.add(procs)
-        else:
-            procs = [RemoteHost(name) for name in names]
-            self.lobby = Lobby(ctx, listen, run_keys, list(procs), welcome, bound)
-            self.view.note(self.lobby.waiting_note(len(names), key_files))
-        for proc in procs:
-            self.children.append(Child(proc.name, "host", proc))
-        writer.summary.placement(self.placement.launcher, len(names), self.lobby.endpoint)
-
-    def _serve_lobby(self, writer: RunWriter, notes: list[str] | None = None) -> None:
-        for line in notes if notes is not None else self.lobby.receive():
-            self.view.note(line)
-        for child in self.children:
-            if isinstance(child.proc, RemoteHost) and child.proc.joined_from:
-                writer.summary.host_joined(child.name, child.proc.joined_from)
-        self._note_refusals(self.lobby.refusals(), "conductor", writer)
-
-    def _note_refusals(self, refusals: list[dict], by: str, writer: RunWriter) -> None:
-        for r in refusals:
-            writer.incident(f"refused a connection to the {by}: {r['why']}", address=r.get("address"), key=r.get("key"))
-            self.view.note(f"{by} refused a connection from {r.get('address')}: {r['why']}")
-
-    def _release_launcher(self) -> None:
-        if self.placement.launcher != "ray":
-            return
-        try:
-            import ray  # noqa: PLC0415
-
-            if ray.is_initialized() and self.ray_started:
-                ray.shutdown()
-        except Exception:
-            pass
 
     def _supervise(self, sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None]:
         last_rss = 0.0
@@ -542,10 +488,13 @@ class ResumeError(ValueError):
     """A run directory that cannot be resumed; the message says why."""
 
 
-def resume_run(run_dir: Path, view_for: Any = None) -> dict:
+def resume_run(run_dir: Path, view_for: Any = None, placement: Placement | None = None) -> dict:
     """Continue RUN_DIR from its checkpoint: the world is rebuilt from its scenario.yaml (data,
-    models, configuration), then every process takes back its state from the checkpoint."""
+    models, configuration), then every process takes back its state from the checkpoint. Its hosts
+    are forked here, or (placement) join from other machines as for `run`."""
     from .scenario import ScenarioError, load_scenario  # noqa: PLC0415
+
+    placement = placement or Placement()
 
     checkpoint = run_dir / "checkpoint"
     if not (run_dir / "scenario.yaml").exists():
@@ -561,23 +510,38 @@ def resume_run(run_dir: Path, view_for: Any = None) -> dict:
                           "at the end of a round in which no client is still working)")
     try:
         sc, resolved = load_scenario(run_dir / "scenario.yaml", [])
-    except ScenarioError as exc:
+        placement.check()
+    except (ScenarioError, PlacementError) as exc:
         raise ResumeError(str(exc)) from None
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    if meta.get("remote_parts") and not placement.remote:
+        raise ResumeError(f"{checkpoint}: {', '.join(meta['remote_parts'])} wrote their part from other machines; a "
+                          "part is loaded only by a host that joins: resume with --hosts remote:N --listen (or --launcher ray)")
+    sc, resolved = remote_host_count(sc, resolved, placement)
     t0 = time.monotonic()
     world = build_world(sc)
-    meta = json.loads((checkpoint / "meta.json").read_text())
     held = {actor for actors in meta.get("actors", {}).values() for actor in actors}
-    missing = [name for name in [SERVER, *(c.profile.name for c in world.clients)] if name not in held]
+    expected = [*topology_of(sc.topology, world).server_actors(), *(c.profile.name for c in world.clients)]
+    missing = [name for name in expected if name not in held]
     files = [checkpoint / f for f in ("network.pkl", "conductor.pkl", *(f"{peer}.pkl" for peer in meta.get("actors", {})))]
     absent = [f.name for f in files if not f.exists()]
     if missing or absent:
         raise ResumeError(f"{checkpoint}: incomplete checkpoint ("
                           + (f"no state for {missing[:5]}" if missing else f"missing {absent}") + ")")
     view = view_for(sc) if view_for else None
-    conductor = Conductor(sc, resolved, run_dir, view)
+    conductor = Conductor(sc, resolved, run_dir, view, placement)
     conductor.t0 = t0
     conductor.view.t0 = t0
     return conductor.run(world, resume=checkpoint)
+
+
+def remote_host_count(sc: Scenario, resolved: dict, placement: Placement) -> tuple[Scenario, dict]:
+    """Hosts elsewhere build the world from the resolved scenario: their number must be in it."""
+    if not placement.remote:
+        return sc, resolved
+    hosts = min(placement.hosts or sc.population.hosts or usable_cores(), sc.population.clients)
+    sc = sc.model_copy(update={"population": sc.population.model_copy(update={"hosts": hosts})})
+    return sc, {**resolved, "population": {**resolved["population"], "hosts": hosts}}
 
 
 def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: View | None = None,
@@ -585,11 +549,8 @@ def run_scenario(sc: Scenario, resolved: dict, out: Path | None = None, view: Vi
     """Run a scenario; PlacementError before anything starts when the placement cannot work."""
     t0 = time.monotonic()
     placement = placement or Placement()
-    placement.check(sc.run.checkpoint_every)
-    if placement.remote:  # hosts elsewhere build the world from the resolved scenario: their number must be in it
-        hosts = min(placement.hosts or sc.population.hosts or usable_cores(), sc.population.clients)
-        sc = sc.model_copy(update={"population": sc.population.model_copy(update={"hosts": hosts})})
-        resolved = {**resolved, "population": {**resolved["population"], "hosts": hosts}}
+    placement.check()
+    sc, resolved = remote_host_count(sc, resolved, placement)
     world = build_world(sc)
     log.info("[conductor] world built in %.1f s: %d clients on %d hosts, topology %s, %d rounds of %s",
              time.monotonic() - t0, len(world.clients), world.hosts, sc.topology, sc.rounds, sc.algorithm.name)

@@ -76,6 +76,8 @@ class NetworkConfig:
     run_keys: RunKeys | None = None  # with listen: the run's key pair and the host keys it admits
     slot_keys: dict[str, str] = field(default_factory=dict)  # host slot -> the one key its messages may come with
     traces: dict[tuple[str, str], TraceRef] = field(default_factory=dict)  # ("up"|"down", actor) -> its rate's trace
+    barrier_group: tuple[str, ...] = ()  # actors that meet at barriers for checkpoints (emulator/barriers.py)
+    remote_peers: frozenset[str] = frozenset()  # hosts on other machines: they send their checkpoint part in messages
 
     def link(self, actor: str) -> Link:
         return self.links.get(actor, Link())

@@ -21,6 +21,7 @@ from protocol import envelope
 from protocol import curve
 from protocol.curve import ZapHandler
 
+from .barriers import Barriers
 from .checkpoints import Checkpoints
 from .clock import Deliver, EventClock, FlowStart, Halt, TakeCheckpoint, Tick
 from .netconfig import CONDUCTOR, NETWORK, SERVER, NetworkConfig, network_message
@@ -41,6 +42,7 @@ class Network:
         self.timeline = DeviceTimeline(cfg, self.clock, lambda body: self.to_conductor("record", body))
         self.transfers = Transfers(cfg, self.clock, self.timeline, self.dead, lambda body: self.to_conductor("record", body))
         self.checkpoints = Checkpoints(self)
+        self.barriers = Barriers(self)
         self._outbox: list[bytes] = []
         self._to_peers: list[tuple[str, list[Any]]] = []  # heartbeat answers, sent before any delivery
         self.zap: ZapHandler | None = None  # with cfg.listen: who may connect over TCP (emulator/netshell.py)
@@ -65,7 +67,8 @@ class Network:
         self.handlers: dict[str, Callable[[str, dict[str, Any], list[Any]], None]] = {
             "alive": self._on_alive, "hello": self._on_hello, "send": self._on_send, "done": self._on_done,
             "timer": self._on_timer, "report": self._on_report, "checkpoint": self._on_checkpoint,
-            "halt": self._on_halt, "snapshot_done": self._on_snapshot_done,
+            "halt": self._on_halt, "snapshot_done": self._on_snapshot_done, "snapshot_part": self._on_snapshot_part,
+            "barrier": self._on_barrier,
         }
         self.conductor_handlers = {"peer_lost": lambda env: self._on_peer_lost(env["peer"]),
                                    "stop": lambda env: setattr(self, "stopping", True)}
@@ -169,6 +172,12 @@ class Network:
         if self._owns(peer, env["actor"]):
             self.clock.push_own(max(float(env["at"]), self.now), env["actor"], TakeCheckpoint(env["round"]))
 
+    def _on_barrier(self, peer: str, env: dict[str, Any], _: list[Any]) -> None:
+        if self._owns(peer, env["actor"]) and env["actor"] in self.cfg.barrier_group:
+            self.barriers.arrive(env["actor"], env["round"], max(float(env["at"]), self.now))
+        else:
+            self._refuse(peer, f"{env['actor']} is not an actor of {peer} that meets at barriers")
+
     def _on_halt(self, peer: str, env: dict[str, Any], _: list[Any]) -> None:
         if env["actor"] == SERVER and self._owns(peer, SERVER):
             self.halt_pending = True
@@ -179,6 +188,10 @@ class Network:
     def _on_snapshot_done(self, peer: str, env: dict[str, Any], _: list[Any]) -> None:
         if not self.checkpoints.answered(peer, env["ok"], env["why"] if not env["ok"] else None):
             self._refuse(peer, f"{peer} answered a snapshot it was not asked for")
+
+    def _on_snapshot_part(self, peer: str, _: dict[str, Any], payload: list[Any]) -> None:
+        if not self.checkpoints.part(peer, payload):
+            self._refuse(peer, f"{peer} sent a checkpoint part it was not asked for")
 
     def _on_send(self, peer: str, env: dict[str, Any], payload: list[Any]) -> None:
         src = env["src"]
@@ -255,6 +268,7 @@ class Network:
         self.transfers.abort_lost(lost)
         if not lost:
             return
+        self.barriers.members_lost()
         for watcher in self.cfg.watchers:
             if watcher not in self.dead:
                 self.clock.push_own(self.now, "", Deliver(network_message(watcher, "peer_down", {"actors": lost, "peer": peer}), []))

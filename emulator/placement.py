@@ -18,10 +18,11 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import numpy as np
+import torch
 import zmq
 
 from protocol import curve, envelope
@@ -45,12 +46,13 @@ class Placement:
     ray_address: str | None = None
     cpus_per_host: float = 1.0  # ray: the resources one host asks for
     gpus_per_host: float = 0.0
+    serve_data_mb: float = 1024.0  # the most data the lobby sends one host without a data set (its clients' rows)
 
     @property
     def remote(self) -> bool:
         return self.launcher != "local"
 
-    def check(self, checkpoint_every: int | None) -> None:
+    def check(self) -> None:
         if self.launcher not in LAUNCHERS:
             raise PlacementError(f"--launcher {self.launcher!r}: expected one of {', '.join(LAUNCHERS)}")
         if not self.remote:
@@ -65,19 +67,26 @@ class Placement:
             raise PlacementError(f"--hosts remote:{self.hosts}: at least one host")
         if self.listen:
             split_listen(self.listen)
-        if checkpoint_every:
-            raise PlacementError("run.checkpoint_every: checkpoints are written by every host into the run directory, "
-                                 "which hosts on other machines do not have; unset it for a run with remote hosts")
 
     def run_keys(self, run_dir: Path, slots: int) -> tuple[curve.RunKeys, list[Path]]:
         """The keys hosts are admitted by, and the host key files a user hands to hosts, one per
-        slot (none when the keys came from --keys: the user has them)."""
+        slot (none when the keys came from --keys: the user has them). A resumed run keeps the keys
+        made for it, so the hosts it had can join again with the files they hold."""
         if self.keys is not None:
             try:
                 return curve.read_run_keys(self.keys), []
             except curve.KeyFileError as exc:
                 raise PlacementError(f"--keys: {exc}") from None
-        return curve.make_keys(run_dir / "keys", slots)
+        made = run_dir / "keys"
+        files = [made / f"host-{k}.key" for k in range(1, slots + 1)]
+        if (made / curve.CONDUCTOR_FILE).exists() and all(f.exists() for f in files):
+            try:
+                keys = curve.read_run_keys(made / curve.CONDUCTOR_FILE)
+            except curve.KeyFileError as exc:
+                raise PlacementError(f"{made}: {exc}") from None
+            if len(keys.hosts) == slots:
+                return keys, files
+        return curve.make_keys(made, slots)
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -115,6 +124,15 @@ def world_fingerprint(world: World) -> str:
         h.update(f"{c.profile.name}:{c.host}:{c.profile.ms_per_sample!r}".encode())
         h.update(np.ascontiguousarray(c.profile.indices).tobytes())
     return h.hexdigest()[:32]
+
+
+@dataclass
+class Child:
+    """A process of the run, as the conductor supervises it."""
+    name: str
+    role: str  # network | server | host
+    proc: Any  # multiprocessing.Process, conductor.FreshProcess or a RemoteHost: the same interface
+    lost: bool = False
 
 
 class RemoteHost:
@@ -191,7 +209,10 @@ class Lobby:
     """The conductor's TCP socket where remote hosts join (see the module's docstring)."""
 
     def __init__(self, ctx: zmq.Context, listen: str, keys: curve.RunKeys, hosts: list[RemoteHost],
-                 welcome: dict[str, Any], bound: dict[str, str] | None = None):
+                 welcome: dict[str, Any], bound: dict[str, str] | None = None,
+                 restore_for: Callable[[str], list[bytes]] | None = None,
+                 data_for: Callable[[str], tuple[dict[str, Any], list[bytes]]] | None = None,
+                 files: list[bytes] = ()):
         self.zap = curve.ZapHandler(ctx, keys.hosts, "conductor")
         self.slot_of_key = {key: slot for slot, key in (bound or {}).items()}  # a key -> the one slot it may hold
         self.sock = ctx.socket(zmq.ROUTER)
@@ -208,6 +229,10 @@ class Lobby:
         self.free: list[RemoteHost] = []  # the slots not yet given (add)
         self.add(hosts)
         self.welcome = welcome  # scenario, fingerprint, silence_s
+        self.restore_for = restore_for  # a resumed run: slot -> the checkpoint parts that hold its clients
+        self.data_for = data_for  # slot -> its clients' data (data_shard), for a host that has none
+        self.files = list(files)  # the files the scenario names, as welcome["files"] lists them
+        self.slot_of: dict[bytes, str] = {}  # identity of a joined host's socket -> its slot
         self.network_port: int | None = None
         self.pending: list[tuple[bytes, dict]] = []
         self.joined: list[str] = []
@@ -248,8 +273,11 @@ class Lobby:
             except envelope.ProtocolError as exc:
                 notes.append(f"lobby: refused a message ({exc})")
                 continue
+            if env["op"] == "data":
+                notes += self._serve_data(identity)
+                continue
             if env["op"] != "join":
-                notes.append(f"lobby: refused op {env['op']!r} (only join is spoken here)")
+                notes.append(f"lobby: refused op {env['op']!r} (only join and data are spoken here)")
                 continue
             env = {**env, "address": _peer_address(frame), "key": curve.user_key(frame)}
             if self.network_port is None:
@@ -277,14 +305,30 @@ class Lobby:
         self.free.remove(host)
         host.joined_from = {"machine": env["host"], "pid": env["pid"], "address": env.get("address")}
         self.joined.append(host.name)
+        self.slot_of[identity] = host.name
         index = int(host.name.removeprefix("host"))
+        parts = self.restore_for(host.name) if self.restore_for is not None else []
         self._send(identity, envelope.pack("welcome", peer=host.name, index=index, network_port=self.network_port,
-                                           **self.welcome))
+                                           restore=len(parts), **self.welcome), *parts, *self.files)
         return [f"{host.name} joined from {who}"]
 
-    def _send(self, identity: bytes, message: bytes) -> None:
+    def _serve_data(self, identity: bytes) -> list[str]:
+        """A joined host asks for its clients' data (it has no data set of its own)."""
+        slot = self.slot_of.get(identity)
+        if slot is None or self.data_for is None:
+            self._send(identity, envelope.pack("data_refused", why="only a host that joined may ask for its data"))
+            return ["lobby: refused a data request from a socket that holds no slot"]
         try:
-            self.sock.send_multipart([identity, message], zmq.NOBLOCK)
+            fields, frames = self.data_for(slot)
+        except DataRefused as exc:
+            self._send(identity, envelope.pack("data_refused", why=f"{slot}: {exc}"))
+            return [f"lobby: refused {slot} its data: {exc}"]
+        self._send(identity, envelope.pack("data_shard", **fields), *frames)
+        return [f"{slot} got its clients' data from the lobby ({sum(len(f) for f in frames) / 2**20:.1f} MiB)"]
+
+    def _send(self, identity: bytes, message: bytes, *frames: bytes) -> None:
+        try:
+            self.sock.send_multipart([identity, message, *frames], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # it left before the answer: its slot is not taken back (it may still come)
 
@@ -365,3 +409,35 @@ def _peer_address(frame: zmq.Frame) -> str | None:
         return frame.get("Peer-Address") or None
     except (zmq.ZMQError, AttributeError):
         return None
+
+
+# ---- data for hosts that have none ------------------------------------------------------------
+class DataRefused(ValueError):
+    """A host's data cannot be served; the message says why and what to do."""
+
+
+def _raw(array: Any) -> bytes:
+    return np.ascontiguousarray(array.numpy() if hasattr(array, "numpy") else array).tobytes()
+
+
+def data_shard(train: Any, test: Any, train_rows: np.ndarray, test_rows: np.ndarray,
+               limit_bytes: int) -> tuple[dict[str, Any], list[bytes]]:
+    """What a host without the data set gets from the lobby: every label of the loaded data set
+    (it rebuilds the partition from them and checks the world's fingerprint) and the samples of
+    the rows its clients hold, train and test; DataRefused past limit_bytes."""
+    row_bytes = train.x[:1].numel() * train.x.element_size()
+    size = (len(train_rows) + len(test_rows)) * row_bytes + 8 * (len(train.y) + len(test.y))
+    if size > limit_bytes:
+        raise DataRefused(f"its clients hold {size / 2**20:.1f} MiB of data, over the lobby's limit of "
+                          f"{limit_bytes / 2**20:.0f} MiB (run --serve-data-mb): give the host the data set "
+                          "(--data-root) or raise the limit")
+    users = train.users is not None
+    fields = {"classes": int(train.classes), "dtype": str(train.x.dtype).removeprefix("torch."),
+              "train_shape": list(train.x.shape), "test_shape": list(test.x.shape), "users": users}
+    frames = [_raw(train.y.to(torch.int64)), _raw(test.y.to(torch.int64)),
+              _raw(train_rows.astype(np.int64)), _raw(train.x[train_rows]),
+              _raw(test_rows.astype(np.int64)), _raw(test.x[test_rows])]
+    if users:
+        frames += [_raw(train.users.astype(np.int64)), _raw(test.users.astype(np.int64))]
+    return fields, frames
+

@@ -162,12 +162,15 @@ class Reports:
             shutil.rmtree(staging, ignore_errors=True)
             return
         writer.summary.checkpoint_taken(rounds, body["t"], str(final))
-        state = {"writer": writer.checkpoint_state(), "last_shortfall": self.last_shortfall}
+        state = {"writer": writer.checkpoint_state(), "last_shortfall": self.last_shortfall, "ring": self.run.ring}
         with open(staging / "conductor.pkl", "wb") as f:
             pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-        holders = {SERVER: [SERVER], **self.run.host_clients}
+        holders = {SERVER: self.run.topology.server_actors(), **self.run.host_clients}
         holders = {peer: actors for peer, actors in holders.items() if (staging / f"{peer}.pkl").exists()}
-        (staging / "meta.json").write_text(json.dumps({"rounds": rounds, "emulated_time_s": body["t"], "actors": holders}))
+        # parts that hosts on other machines sent: only a host ever loads them (resume_run)
+        remote = sorted(p for p in holders if p in self.run.host_clients) if self.run.placement.remote else []
+        (staging / "meta.json").write_text(json.dumps({"rounds": rounds, "emulated_time_s": body["t"], "actors": holders,
+                                                       "remote_parts": remote}))
         old = run_dir / "checkpoint.old"
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():

@@ -192,7 +192,9 @@ def _uses_offline_devices(sc) -> bool:
 
 # each reason of a Fits: the key it refuses, and whether the scenario uses that setting
 _SETTINGS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "selection": ("selection", lambda sc: "selection" in sc.model_fields_set),
+    # a selection other than the default one (a run directory's scenario.yaml writes the defaults out)
+    "selection": ("selection", lambda sc: sc.selection != type(sc).model_fields["selection"].get_default(
+        call_default_factory=True)),
     "round_policy": ("round.policy", lambda sc: sc.round.policy != "all"),
     "over_selection": ("selection.over_selection", lambda sc: sc.selection.over_selection != 1.0),
     "scoring_selectors": ("selection.policy", lambda sc: selector_class(sc.selection.policy).rounds_only),

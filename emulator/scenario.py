@@ -721,7 +721,8 @@ class Run(Strict):
                                 "handled like a killed host; doubled past a job's running time; null: never")
     checkpoint_every: Optional[int] = Field(
         None, ge=1, description="write RUN_DIR/checkpoint after every this many rounds (at the round's end, when no "
-                                "client is still working); `python -m emulator resume RUN_DIR` continues from it")
+                                "client is still working; a ring's clients meet at a barrier for it, FedBuff drains); "
+                                "`python -m emulator resume RUN_DIR` continues from it")
     trace: bool = Field(False, description="write RUN_DIR/trace.json at the end: the run as a timeline for Perfetto UI "
                                            "or chrome://tracing (emulator/tracefile.py)")
     speculate: Optional[bool] = Field(None, description="removed: speculation saved under 10 % of the flagship's "

@@ -19,10 +19,6 @@ if TYPE_CHECKING:  # the world builder imports the schema, which asks the topolo
 DOWNLOAD_CARRIES_WEIGHTS = {"algorithm.codec.down": "the download carries the model's weights"}
 
 
-def _checkpoints_refused(sc) -> str:
-    return f"checkpoints are for the star and the hierarchy (this scenario has topology {sc.topology})"
-
-
 def _notify_closed_refused(sc) -> str:
     return (f"the synchronous server of topology star tells clients that a round closed; here the topology is "
             f"{sc.topology} and algorithm.name {sc.algorithm.name}")
@@ -68,6 +64,10 @@ class Topology:
     def watchers(self) -> list[str]:
         """Who learns that a host is lost."""
         return self.server_actors()
+
+    def barrier_group(self) -> list[str]:
+        """Who meets at barriers for checkpoints (emulator/barriers.py): actors that run on their own."""
+        return []
 
     def server_process(self, endpoint: str, parent_pid: int, saved: SavedFiles) -> tuple | None:
         """(name, role, target, args) of the server process, or None."""
@@ -130,7 +130,7 @@ class Ring(Topology):
                                          "algorithm.firma.pass_timeout_s",
             privacy=("none",), privacy_why=f"algorithm.privacy {star_only}", adaptive_bits=star_only,
             codec_time="charged to the clients of a server; a ring's gossip is not",
-            checkpoints=_checkpoints_refused(sc), notify_closed=_notify_closed_refused(sc),
+            notify_closed=_notify_closed_refused(sc),
             upload_error_feedback="kept by the clients of a star on their uploads; ring gossip carries each client's weights",
             layered_uploads="per-layer codecs apply to star algorithms",
             weights_on={**DOWNLOAD_CARRIES_WEIGHTS, "algorithm.codec.up": "ring gossip carries each client's weights"},
@@ -147,6 +147,9 @@ class Ring(Topology):
     def starters(self) -> list[str]:
         return self.client_names
 
+    def barrier_group(self) -> list[str]:
+        return self.client_names
+
     def watchers(self) -> list[str]:
         return [*self.client_names, *self.server_actors()]
 
@@ -154,7 +157,8 @@ class Ring(Topology):
         if not self.server_actors():
             return None
         w = self.world
-        return ("server", "server", warmup_main, (endpoint, w.ring, w.task, w.server.aggregate_s, 1, parent_pid))
+        return ("server", "server", warmup_main, (endpoint, w.ring, w.task, w.server.aggregate_s, 1, parent_pid,
+                                                  saved(self.server_actors())))
 
     def host_config(self):
         return self.world.ring

@@ -284,6 +284,25 @@ class LinkTraces:
         return dataclasses.replace(ref, offset_s=offset), trace.mean_bps
 
 
+def scenario_files(sc: Scenario) -> list[tuple[tuple, list[str]]]:
+    """The files the scenario names, as (where in the resolved scenario, the files there): the
+    capacity and availability files and each link mix's trace pool (globs expanded, in the order
+    clients draw from). A host on another machine gets them from the lobby (emulator/host.py)."""
+    named: list[tuple[tuple, list[str]]] = []
+    pop = sc.population
+    if pop.capacity_trace:
+        named.append((("population", "capacity_trace"), [pop.capacity_trace]))
+    if pop.availability.trace:
+        named.append((("population", "availability", "trace"), [pop.availability.trace]))
+    traces = LinkTraces(sc)
+    for i, mix in enumerate(pop.links):
+        for direction, spec in (("up_trace", mix.up_trace), ("down_trace", mix.down_trace)):
+            if spec is not None and spec.files is not None:
+                named.append((("population", "links", i, direction, "files"),
+                              traces.files(spec, f"population.links[{i}].{direction}")))
+    return named
+
+
 def _faults(sc: Scenario, clients: list[ClientInfo]) -> list[Fault]:
     n, width = len(clients), client_name_width(len(clients))
     names = {c.profile.name for c in clients} | {"server"}
@@ -507,7 +526,7 @@ def ring_config(sc: Scenario, clients: list[ClientInfo], task: TaskSpec) -> Ring
     head_share = training_flops(model, shape, trained=prefix) / training_flops(model, shape)
     return RingConfig(f.variant, sc.rounds, names, sc.seed, f.epochs_head, f.epochs_extractor, alg.lr, alg.batch_size,
                       f.gamma, f.gamma_start, f.gamma_end, f.tau, alg.codec.up.build(), sc.eval.every,
-                      prefix, f.pass_timeout_s, head_share, f.init, f.warmup_aggregator)
+                      prefix, f.pass_timeout_s, head_share, f.init, f.warmup_aggregator, sc.run.checkpoint_every)
 
 
 def _codec_time(sc: Scenario, task: TaskSpec, server: ServerConfig, schedule: BitSchedule, privacy: Privacy,

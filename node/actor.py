@@ -50,6 +50,9 @@ class Reaction:
     # own thread (for outcomes that change actor state, like starting the next round).
     work: Callable[[], "Reaction | Callable[[], Reaction]"] | None = None
     checkpoint: int | None = None  # ask for a checkpoint of the whole run at this instant, after this round
+    # wait for every actor of the run's barrier group to reach barrier N; the run is checkpointed at the
+    # last one's instant, then each gets the tick "barrier:N" (emulator/barriers.py)
+    barrier: int | None = None
     halt: bool = False  # the run is over at this instant: nothing after it happens
     cohort: bool = False  # the work may run together with other cohort work of its process (node/cohort.py)
 

@@ -80,9 +80,10 @@ def flower_server_main(endpoint: str, cfg, client_names: list[str], threads: int
     Runtime("server", endpoint, [FlowerServerActor(cfg, client_names)], parent_pid).run()
 
 
-def warmup_main(endpoint: str, cfg: RingConfig, task: TaskSpec, aggregate_s: float, threads: int, parent_pid: int) -> None:
+def warmup_main(endpoint: str, cfg: RingConfig, task: TaskSpec, aggregate_s: float, threads: int, parent_pid: int,
+                restore: list[str] | None = None) -> None:
     """The server process of a ring whose warm-up FedAvg has an aggregator of its own (FibFL++)."""
     detach_from_terminal_signals(parent_pid, "server")
     keep_freed_memory()
     torch.set_num_threads(threads)
-    Runtime("server", endpoint, [WarmupAggregator(cfg, task, aggregate_s)], parent_pid).run()
+    Runtime("server", endpoint, [WarmupAggregator(cfg, task, aggregate_s)], parent_pid, restore).run()

@@ -26,7 +26,7 @@ import torch
 from protocol.codecs import Codec, CodecError, decode_state, make_codec
 from .channel import Channel
 from . import firma
-from .actor import Message, Reaction, Send
+from .actor import Message, Reaction, Send, portable
 from .client import ClientProfile, TaskSpec
 from .compute import full_speed_seconds
 from .models import load_numpy_state, state_spec, state_to_numpy
@@ -58,6 +58,8 @@ class RingConfig:
     head_epoch_share: float = 1.0  # cost of a head-only epoch against a full one (the frozen extractor: forward only)
     init: str = "independent"  # independent: each client its own initial model (FIRMA's code); shared: one for all
     warmup_via: str = "peer"  # server: the warm-up's own aggregator actor (WARMUP_AGGREGATOR); peer: the first client
+    # after every this many rounds all clients meet at a barrier, where the run is checkpointed
+    checkpoint_every: int | None = None
 
     @property
     def passes(self) -> int:
@@ -120,6 +122,13 @@ class WarmupAggregator:
         self.lost: set[str] = set()
         self.averaged = -1  # the last warm-up round averaged
         self.ready: dict[int, dict[str, np.ndarray]] = {}  # averages waiting out the aggregation time
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"rounds": dict(self.rounds), "lost": self.lost, "averaged": self.averaged, "ready": self.ready}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.rounds = defaultdict(WarmupRound, state["rounds"])
+        self.lost, self.averaged, self.ready = state["lost"], state["averaged"], state["ready"]
 
     def react(self, msg: Message) -> Reaction:
         if msg.kind == "warmup_update":
@@ -222,7 +231,26 @@ class RingClientActor:
         self.warm_models: dict[int, WarmupRound] = defaultdict(WarmupRound)  # the elected peer only
         self.timeouts = 0  # passes (or warm-ups) of this round that went on without a silent neighbour
         self.device: dict | None = None  # the device's state, as last delivered
-        self.phase = "idle"  # idle | training | gossip | warmup_wait | finished
+        self.phase = "idle"  # idle | training | gossip | warmup_wait | barrier | finished
+
+    # ---- checkpoints: taken at a barrier, where no client is working -----------------------------
+    STATE = ("lost", "round", "pass_index", "round_start", "trained_at", "accuracy", "loss", "last_weights",
+             "timeouts", "device", "phase")
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**{name: portable(getattr(self, name)) for name in self.STATE},
+                "inbox": portable(dict(self.inbox)), "warm_models": dict(self.warm_models),
+                "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+                "optimizers": [o.state_dict() for o in (self.opt_head, self.opt_extractor, self.opt_warmup)]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for name in self.STATE:
+            setattr(self, name, state[name])
+        self.inbox = defaultdict(dict, state["inbox"])
+        self.warm_models = defaultdict(WarmupRound, state["warm_models"])
+        self.model.load_state_dict(state["model"])
+        for optimizer, saved in zip((self.opt_head, self.opt_extractor, self.opt_warmup), state["optimizers"]):
+            optimizer.load_state_dict(saved)
 
     # ---- reactions ---------------------------------------------------------------------------
     def react(self, msg: Message) -> Reaction:
@@ -312,6 +340,8 @@ class RingClientActor:
     def _on_timeout(self, tag: str, t: float) -> Reaction:
         """A neighbour (or the aggregator) stayed silent too long: go on with what has arrived."""
         kind, _, rest = tag.partition(":")
+        if kind == "barrier" and self.phase == "barrier" and rest == str(self.round):
+            return self._begin(self.round + 1, t)  # every client is here and the run is checkpointed
         if kind == "pass" and self.phase == "gossip" and rest == f"{self.round}:{self.pass_index}":
             self.timeouts += 1
             return self._advance(t, force=True)
@@ -435,6 +465,10 @@ class RingClientActor:
                 return {**base, "accuracy": acc, "test_loss": loss}
 
             report = evaluated
+        every = self.cfg.checkpoint_every
+        if every and (index + 1) % every == 0 and index + 1 < self.cfg.rounds:
+            self.phase = "barrier"  # wait for the others there: the next round begins after the checkpoint
+            return Reaction(reports=[report], barrier=index)
         reaction = self._begin(index + 1, t)
         reaction.reports.insert(0, report)
         return reaction

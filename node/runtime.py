@@ -135,6 +135,8 @@ class Runtime:
             sock.send(envelope.pack("timer", actor=actor, at=at, tag=tag))
         if reaction.checkpoint is not None:
             sock.send(envelope.pack("checkpoint", actor=actor, at=t, round=reaction.checkpoint))
+        if reaction.barrier is not None:
+            sock.send(envelope.pack("barrier", actor=actor, at=t, round=reaction.barrier))
         if reaction.halt:
             sock.send(envelope.pack("halt", actor=actor, at=t))
         for report in reaction.reports:
@@ -253,7 +255,7 @@ class Runtime:
                         if env["op"] == "deliver":
                             self._deliver(sock, env, frames[1:])
                         elif env["op"] == "snapshot":
-                            self._snapshot(sock, env["path"])
+                            self._snapshot(sock, env["path"], int(env.get("chunk") or 0))
                         elif env["op"] == "alive_ack":
                             pass
                         else:
@@ -307,10 +309,11 @@ class Runtime:
             self._last_beat = now
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def _snapshot(self, sock: zmq.Socket, path: str) -> None:
+    def _snapshot(self, sock: zmq.Socket, path: str, chunk: int = 0) -> None:
         """Write this process's state for a checkpoint, after handing on every report queued so
         far (so the conductor has them before the checkpoint). Only possible while no work is under
-        way: a job or a continuation is code, not data."""
+        way: a job or a continuation is code, not data. With no path (a host on another machine)
+        the state goes to the network in messages of at most `chunk` bytes, which it writes."""
         if self.work.busy() or self._resumes:
             sock.send(envelope.pack("snapshot_done", ok=False, why=f"{self.peer} has work under way"))
             return
@@ -321,8 +324,14 @@ class Runtime:
         try:
             state = {"peer": self.peer, "counters": {name: _peek(self.counters, name) for name in self.actors},
                      "actors": {name: actor.snapshot() for name, actor in self.actors.items()}}
-            with open(path, "wb") as f:
-                pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+            if path:
+                with open(path, "wb") as f:
+                    pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+            else:
+                blob = memoryview(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+                step = chunk if chunk > 0 else 64 << 20
+                for at in range(0, len(blob), step):
+                    sock.send_multipart([envelope.pack("snapshot_part"), blob[at:at + step]])
         except Exception as exc:  # a full disk must not end the run: the checkpoint is skipped
             sock.send(envelope.pack("snapshot_done", ok=False, why=f"{self.peer}: {type(exc).__name__}: {exc}"))
             return

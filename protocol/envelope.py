@@ -48,18 +48,33 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "alive": {"busy_s": _NUM},  # a heartbeat: wall seconds the peer's current job has run (0: idle)
     "alive_ack": {},  # the network's answer to a heartbeat: a remote host leaves a run that stopped answering
     "checkpoint": {"actor": _STR, "at": _NUM, "round": _INT},  # an actor asks for a checkpoint of the world at `at`
-    "snapshot": {"round": _INT, "path": _STR},  # the network asks a peer to write its state to path
+    # the network asks a peer to write its state to path; with path "" (a host on another machine)
+    # to send it as snapshot_part messages (one frame of at most chunk bytes each), then snapshot_done
+    "snapshot": {"round": _INT, "path": _STR, "chunk": Defaulted(_INT, 0)},
+    "snapshot_part": {},
     "snapshot_done": {"ok": bool, "why": _STR},
+    # an actor has reached barrier `round` at `at` and waits for its group (a checkpoint of the run follows)
+    "barrier": {"actor": _STR, "at": _NUM, "round": _INT},
     "halt": {"actor": _STR, "at": _NUM},  # the server finished the run at `at`: the clock stops there
     "stop": {},
     # the conductor's lobby, where a host on another machine joins a run
     "join": {"host": _STR, "pid": _INT, "slot": _STR},  # which machine and process asks, for which slot ("": any)
     "welcome": {"peer": _STR, "index": _INT, "scenario": _MAP, "fingerprint": _STR, "network_port": _INT,
-                "silence_s": _NUM},
+                "silence_s": _NUM,
+                # a resumed run: how many frames follow, each a checkpoint part that holds this slot's clients
+                "restore": Defaulted(_INT, 0),
+                # the files the scenario names, after those parts, one frame each: [{"at": where in the
+                # scenario, "names": [file name, ...]}, ...]
+                "files": Defaulted(_LIST, [])},
     "join_refused": {"why": _STR},
+    # a joined host without the data set asks for its clients' samples; the answer's frames: train and
+    # test labels, then the rows and samples its clients hold of each (and the users, where given)
+    "data": {},
+    "data_shard": {"classes": _INT, "dtype": _STR, "train_shape": _LIST, "test_shape": _LIST, "users": bool},
+    "data_refused": {"why": _STR},
 }
 # numbers that are counts, ids or times: never negative
-NONNEGATIVE = frozenset({"n", "payload", "fp32", "hold", "at", "busy_until", "busy_s", "shared"})
+NONNEGATIVE = frozenset({"n", "payload", "fp32", "hold", "at", "busy_until", "busy_s", "shared", "chunk", "restore"})
 INT64 = (-(2**63), 2**63 - 1)
 
 

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -164,13 +165,11 @@ def test_lobby_gives_each_slot_once_after_the_network_listens(tmp_path):
 
 def test_placement_options_that_cannot_work_are_named():
     with pytest.raises(PlacementError, match="needs --listen"):
-        Placement("remote", 2).check(None)
+        Placement("remote", 2).check()
     with pytest.raises(PlacementError, match="expected tcp://ADDR:PORT"):
-        Placement("remote", 2, "udp://x:1").check(None)
-    with pytest.raises(PlacementError, match="run.checkpoint_every"):
-        Placement("remote", 2, "tcp://127.0.0.1:5000").check(3)
+        Placement("remote", 2, "udp://x:1").check()
     with pytest.raises(PlacementError, match="add --hosts remote:N"):
-        Placement("local", None, "tcp://127.0.0.1:5000").check(None)
+        Placement("local", None, "tcp://127.0.0.1:5000").check()
     assert network_listen("tcp://0.0.0.0:5000") == "tcp://0.0.0.0:5001"
     assert network_listen("tcp://10.0.0.1:0") == "tcp://10.0.0.1:*"
 
@@ -267,6 +266,17 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"{path} did not appear"
         time.sleep(0.1)
+
+
+def _two_hosts_run_it(m: dict, conductor: subprocess.Popen, out: Path, port: int, *options: str) -> None:
+    """Two hosts join the run from machine b with their slots' keys; the run and both complete."""
+    hosts = [_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
+                       str(out / "keys" / f"host-{k}.key"), "--threads", str(LOCAL_THREADS), *options) for k in (1, 2)]
+    code, _, err = _finish(conductor)
+    assert code == 0, err[-3000:]
+    for h in hosts:
+        h_code, _, h_err = _finish(h, 60)
+        assert h_code == 0, h_err[-2000:]
 
 
 def _same_results(local: Path, remote: Path) -> None:
@@ -378,13 +388,7 @@ def test_hosts_joining_over_tcp_give_the_local_run_results_and_strangers_are_ref
         rogue = subprocess.run([*m["b"], sys.executable, "-c", ROGUE, m["addr"], str(port + 1), str(other_slot),
                                 "c0001"], capture_output=True, text=True, timeout=60, cwd=REPO)
         assert rogue.returncode == 0, rogue.stderr
-        hosts = [_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
-                           str(out / "keys" / f"host-{k}.key"), "--threads", str(LOCAL_THREADS)) for k in (1, 2)]
-        code, _, err = _finish(conductor)
-        assert code == 0, err[-3000:]
-        for h in hosts:
-            h_code, _, h_err = _finish(h, 60)
-            assert h_code == 0, h_err[-2000:]
+        _two_hosts_run_it(m, conductor, out, port)
     finally:
         if conductor.poll() is None:
             conductor.kill()
@@ -444,7 +448,8 @@ def test_a_remote_host_that_vanishes_is_handled_like_a_killed_one(tmp_path, two_
 
 @needs_mnist
 def test_a_host_without_the_run_data_is_refused_and_the_run_says_why(tmp_path):
-    """Its data root is its own: where the data set is missing, the run fails at once with the reason."""
+    """With --data local its data root is its own: where the data set is missing, the run fails at
+    once with the reason."""
     port = 45400 + os.getpid() % 500
     out = tmp_path / "remote"
     conductor = _emulator([], "run", "scenarios/smoke.yaml", "--set", "task.model=mlp", "--hosts", "remote:1",
@@ -453,7 +458,8 @@ def test_a_host_without_the_run_data_is_refused_and_the_run_says_why(tmp_path):
         _wait_for(out / "keys" / "host-1.key", conductor)
         (tmp_path / "empty").mkdir()
         code, _, err = _finish(_emulator([], "host", "--connect", f"tcp://127.0.0.1:{port}", "--key",
-                                         str(out / "keys" / "host-1.key"), "--data-root", str(tmp_path / "empty")), 120)
+                                         str(out / "keys" / "host-1.key"), "--data-root", str(tmp_path / "empty"),
+                                         "--data", "local"), 120)
         assert code == 2 and "task.dataset: dataset 'mnist' is not under" in err, err[-2000:]  # (its fetch fails: no mirror in tests)
         code, _, err = _finish(conductor, 60)
     finally:
@@ -462,6 +468,72 @@ def test_a_host_without_the_run_data_is_refused_and_the_run_says_why(tmp_path):
     assert code == 1 and "failed: task.dataset: dataset 'mnist' is not under" in err, err[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["placement"]["joined"]["host0"]["pid"] > 0
+
+
+@needs_mnist
+def test_hosts_without_the_data_set_get_their_clients_rows_from_the_lobby(tmp_path, two_machines_or_loopback):
+    """Hosts whose machine has no data set (an empty data root) get, from the lobby, every label and
+    the samples of the rows their clients hold, and the run equals the local one. A lobby whose
+    limit is below what a host's clients hold refuses it in one line, and the run fails saying so."""
+    m = two_machines_or_loopback
+    smoke = ("scenarios/smoke.yaml", "--set", "task.model=mlp")
+    local = run_cli("run", *smoke, "--set", "population.hosts=2", "--out", str(tmp_path / "local"), "--quiet", timeout=240)
+    assert local.returncode == 0, local.stderr[-3000:]
+    (tmp_path / "empty").mkdir()
+    port = 44900 + os.getpid() % 500
+    for limit, out in (("1024", tmp_path / "remote"), ("1", tmp_path / "small")):
+        conductor = _emulator(m["a"], "run", *smoke, "--hosts", "remote:2", "--listen", f"tcp://{m['addr']}:{port}",
+                              "--serve-data-mb", limit, "--out", str(out), "--plain")
+        try:
+            _wait_for(out / "keys" / "host-2.key", conductor)
+            hosts = [_emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
+                               str(out / "keys" / f"host-{k}.key"), "--data-root", str(tmp_path / "empty"),
+                               "--threads", str(LOCAL_THREADS), "--timeout", "15") for k in (1, 2)]
+            code, said, err = _finish(conductor)
+            host_ends = [_finish(h, 60) for h in hosts]
+        finally:
+            if conductor.poll() is None:
+                conductor.kill()
+        if limit == "1":
+            assert code == 1 and "over the lobby's limit of 1 MiB (run --serve-data-mb)" in err, err[-2000:]
+            # the first refused ends the run; the other was refused too, or found no run left to join
+            assert any(c == 2 and "would not send this host its data" in e for c, _, e in host_ends), host_ends
+            assert all(c == 2 for c, _, _ in host_ends), host_ends
+            continue
+        assert code == 0, err[-3000:]
+        for h_code, _, h_err in host_ends:
+            assert h_code == 0 and "got its clients' data from the lobby" in h_err, h_err[-2000:]
+        assert said.count("got its clients' data from the lobby") == 2, said[-2000:]  # the run's log says so too
+        _same_results(tmp_path / "local", out)
+
+
+def test_hosts_read_the_scenario_files_the_lobby_sends(tmp_path, two_machines_or_loopback):
+    """A scenario whose LTE uplinks follow a pool of Mahimahi traces under the data root: hosts on a
+    machine without them get the files with their welcome and build the same world (its trace
+    draws and offsets included), and the run equals the local one."""
+    traces = Path(os.environ.get("EMULATOR_DATA", "")) / "traces" / "mahimahi"
+    if not (traces / "TMobile-LTE-short.up").exists():
+        pytest.skip("the shared Mahimahi traces are not here (set EMULATOR_DATA)")
+    m = two_machines_or_loopback
+    text = TINY.format(rounds=2, per_round=4).replace(
+        "{name: lte, share: 0.5, up_mbps: 5, down_mbps: 20, latency_ms: 40}",
+        "{name: lte, share: 0.5, down_mbps: 20, latency_ms: 40, up_trace: {files: 'traces/mahimahi/*-LTE-short.up'}}")
+    path = write_scenario(tmp_path / "s.yaml", text)
+    local = run_cli("run", str(path), "--set", "population.hosts=2", "--out", str(tmp_path / "local"), "--quiet", timeout=240)
+    assert local.returncode == 0, local.stderr[-3000:]
+    port = 44300 + os.getpid() % 500
+    out = tmp_path / "remote"
+    conductor = _emulator(m["a"], "run", str(path), "--hosts", "remote:2", "--listen", f"tcp://{m['addr']}:{port}",
+                          "--out", str(out), "--plain")
+    (tmp_path / "empty").mkdir()
+    try:
+        _wait_for(out / "keys" / "host-2.key", conductor)
+        _two_hosts_run_it(m, conductor, out, port, "--data-root", str(tmp_path / "empty"))
+    finally:
+        if conductor.poll() is None:
+            conductor.kill()
+    _same_results(tmp_path / "local", out)
+    assert len({r["up_mbps"] for r in read_csv(out / "population.csv") if r["link"] == "lte"}) > 1  # traced: means differ
 
 
 def test_three_machines_on_a_switch_and_a_cut_cable(tmp_path, three_machines):
@@ -504,3 +576,145 @@ def test_three_machines_on_a_switch_and_a_cut_cable(tmp_path, three_machines):
     after = int(lost[0]["after_round"])
     assert int(rows[0]["completed"]) == 8 and len(rows) > after + 2
     assert all(int(r["completed"]) == 4 for r in rows[after + 2:]), rows
+
+
+def test_checkpoints_with_remote_hosts_and_a_resume_they_join_again(tmp_path, two_machines_or_loopback):
+    """Hosts on another machine send their checkpoint parts to the network, which writes them into
+    the run directory; the conductor is SIGKILLed after round 3's checkpoint (and the hosts' machine
+    goes with it); a resume waits for hosts again, hands each its clients' parts through the lobby,
+    and the CSVs equal those of an uninterrupted run with forked hosts. A checkpoint that remote
+    hosts wrote is not resumed with forked ones (only a host ever loads a host's part)."""
+    from test_resume import RESUMABLE, checkpointed_rounds, without_wall  # noqa: PLC0415
+
+    m = two_machines_or_loopback
+    path = write_scenario(tmp_path / "s.yaml", RESUMABLE)
+    whole = run_cli("run", str(path), "--out", str(tmp_path / "whole"), "--quiet", timeout=240)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    port = 45400 + os.getpid() % 500
+    out = tmp_path / "remote"
+
+    def join(k: int) -> subprocess.Popen:
+        return _emulator(m["b"], "host", "--connect", f"tcp://{m['addr']}:{port}", "--key",
+                         str(out / "keys" / f"host-{k}.key"), "--threads", str(LOCAL_THREADS), start_new_session=True)
+    conductor = _emulator(m["a"], "run", str(path), "--hosts", "remote:2", "--listen", f"tcp://{m['addr']}:{port}",
+                          "--out", str(out), "--plain")
+    hosts, children = [], []
+    try:
+        _wait_for(out / "keys" / "host-2.key", conductor)
+        hosts = [join(1), join(2)]
+        deadline = time.monotonic() + 180
+        while checkpointed_rounds(out) < 3:
+            assert conductor.poll() is None and time.monotonic() < deadline, "no checkpoint of round 3 came"
+            time.sleep(0.01)
+        children = psutil.Process(conductor.pid).children(recursive=True)  # ip-netns exec execs: the conductor
+        conductor.send_signal(signal.SIGKILL)  # its network and server follow it
+    finally:
+        for proc in (conductor, *hosts):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL) if proc is not conductor else proc.kill()
+            proc.communicate()
+    psutil.wait_procs(children, timeout=10)
+    cut_at = checkpointed_rounds(out)
+    meta = json.loads((out / "checkpoint" / "meta.json").read_text())
+    assert meta["remote_parts"] == ["host0", "host1"] and 3 <= cut_at < 12
+    assert (out / "checkpoint" / "host0.pkl").stat().st_size > 0  # written by the network from host0's messages
+
+    refused = run_cli("resume", str(out), timeout=60)
+    assert refused.returncode == 2 and "wrote their part from other machines" in refused.stderr, refused.stderr[-2000:]
+
+    resumed = _emulator(m["a"], "resume", str(out), "--hosts", "remote:2", "--listen", f"tcp://{m['addr']}:{port}", "--plain")
+    hosts = [join(1), join(2)]  # the run's keys are used again
+    try:
+        code, stdout, err = _finish(resumed)
+        assert code == 0, err[-3000:]
+        for h in hosts:
+            h_code, _, h_err = _finish(h, 60)
+            assert h_code == 0, h_err[-2000:]
+    finally:
+        for proc in (resumed, *hosts):
+            if proc.poll() is None:
+                proc.kill()
+    for name in ("transfers", "clients", "devices"):
+        assert read_csv(out / f"{name}.csv") == read_csv(tmp_path / "whole" / f"{name}.csv"), name
+    assert without_wall(read_csv(out / "rounds.csv")) == without_wall(read_csv(tmp_path / "whole" / "rounds.csv"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed"][0]["from_round"] == cut_at
+
+
+# ---- the Slurm recipe, on namespaces -------------------------------------------------------------
+STANDIN = REPO / "tests" / "cluster_standin"
+
+
+@pytest.fixture
+def node_names(three_machines):
+    """Names for the three machines that resolve inside each of them (`ip netns exec` mounts
+    /etc/netns/NS/hosts over /etc/hosts), as a cluster's DNS would."""
+    names = {f"node-{m}": ADDR_THREE[m] for m in ("a", "b", "c")}
+    names["flemu-conductor"] = ADDR_THREE["a"]  # the Kubernetes recipe's Service
+    made = []
+    for m in ("a", "b", "c"):  # the cut-cable test may have left one down
+        subprocess.run(["ip", "-n", NS_THREE[m], "link", "set", f"flemu-v{m}", "up"], check=True)
+    try:
+        for m in ("a", "b", "c"):
+            folder = Path("/etc/netns") / NS_THREE[m]
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in names.items()))
+            made.append(folder)
+        yield {f"node-{m}": NS_THREE[m] for m in ("a", "b", "c")}  # (ordered: node-a is the allocation's first)
+    finally:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_slurm_job_script_runs_on_three_nodes(tmp_path, node_names):
+    """examples/slurm/flemu.sbatch, unchanged, as Slurm would run it on a 3-node allocation: the
+    script on the first node, its srun steps through a stand-in srun that starts each task in its
+    node's namespace with SLURM_PROCID set (tests/cluster_standin). The conductor comes up on
+    node-a, one host on each of node-b and node-c with its own key, and the run completes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # the job's `python`: this one's
+    (bin_dir / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{STANDIN}:{os.environ['PATH']}", "SLURM_JOB_NUM_NODES": "3",
+           "SLURM_JOB_NODELIST": ",".join(node_names), "SLURM_CPUS_PER_TASK": "1", "FLEMU_KEYS": str(tmp_path / "keys"),
+           "FLEMU_PORT": str(44400 + os.getpid() % 500),
+           "FLEMU_STANDIN_NODES": ",".join(f"{n}={ns}" for n, ns in node_names.items())}
+    out = tmp_path / "run"
+    job = subprocess.run(["ip", "netns", "exec", node_names["node-a"], "bash", str(REPO / "examples" / "slurm" / "flemu.sbatch"),
+                          "scenarios/smoke.yaml", "--set", "task.model=mlp", "--out", str(out), "--quiet"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert job.returncode == 0, job.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+    joined = summary["placement"]["joined"]
+    assert {slot: j["address"] for slot, j in joined.items()} == {"host0": ADDR_THREE["b"], "host1": ADDR_THREE["c"]}
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == ["conductor.key", "host-1.key", "host-2.key"]
+
+
+@needs_mnist
+def test_the_kubernetes_manifest_runs_with_hosts_that_have_no_data(tmp_path, node_names):
+    """examples/kubernetes/flemu.yaml, unchanged, through a stand-in kubelet (tests/cluster_standin/
+    kube.py): the conductor's Pod on node-a with the keys Secret and the data volume mounted where
+    the manifest says, the Indexed Job's two hosts on node-b and node-c with only the keys, joining
+    the Service's name. The hosts have no data set: each gets its clients' rows from the lobby."""
+    keys = tmp_path / "keys"
+    assert run_cli("keys", str(keys), "--hosts", "2").returncode == 0
+    workdir = tmp_path / "image"  # the image's working directory: the scenarios, and where runs/ goes
+    workdir.mkdir()
+    (workdir / "scenarios").symlink_to(REPO / "scenarios")
+    env = {k: v for k, v in os.environ.items() if k != "EMULATOR_DATA"}  # the hosts' machines have no data
+    env["PYTHONPATH"] = str(REPO)
+    mount_points = [Path("/var/run/secrets/flemu"), Path("/var/lib/flemu/data")]
+    before = [p.exists() for p in mount_points]
+    job = subprocess.run([sys.executable, str(STANDIN / "kube.py"), str(REPO / "examples" / "kubernetes" / "flemu.yaml"),
+                          "--pod-node", node_names["node-a"], "--job-nodes", f"{node_names['node-b']},{node_names['node-c']}",
+                          "--volume", f"keys={keys}", "--volume", f"data={os.environ['EMULATOR_DATA']}"],
+                         capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.stderr.count("got its clients' data from the lobby") == 2, job.stderr[-3000:]
+    (run_dir,) = (workdir / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+    joined = summary["placement"]["joined"]
+    assert {slot: j["address"] for slot, j in joined.items()} == {"host0": ADDR_THREE["b"], "host1": ADDR_THREE["c"]}
+    assert [p.exists() for p in mount_points] == before  # the stand-in removed the mount points it made

@@ -65,6 +65,33 @@ HIERARCHY = RESUMABLE.replace(
 FEDBUFF = RESUMABLE.replace("algorithm: {local_epochs: 1,", "algorithm: {name: fedbuff, options: {buffer_size: 2}, local_epochs: 1,")
 
 
+# the FIRMA ring: its clients meet at a barrier after every round, where the run is checkpointed;
+# FibFL++'s warm-up (2 rounds, through its own aggregator actor) is in the checkpointed part
+RING = """
+name: ring_resumable
+seed: 7
+rounds: 12
+topology: ring
+task:
+  dataset: synthetic
+  model: firma_mlp
+  synthetic: {samples: 600, test_samples: 120, shape: [1, 28, 28], classes: 10}
+population:
+  clients: 6
+  hosts: 2
+  devices: [{ms_per_sample: 2, battery_wh: 2, battery_start: [0.3, 1.0]}]
+  links: [{up_mbps: 8, down_mbps: 8, latency_ms: 10, loss: 0.01}]
+algorithm:
+  name: fibfl
+  lr: 0.01
+  batch_size: 20
+  firma: {variant: fibfl++, epochs_head: 1, epochs_extractor: 1, warmup_aggregator: server}
+eval: {every: 1}
+network: {transport: tcp}
+run: {checkpoint_every: 1}
+"""
+
+
 def checkpointed_rounds(out) -> int:
     try:
         return json.loads((out / "checkpoint" / "meta.json").read_text())["rounds"]
@@ -76,8 +103,8 @@ def without_wall(rows):
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
 
-@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD, SECURE, REALTIME, HIERARCHY, FEDBUFF],
-                         ids=["fedavg_topk_feedback", "scaffold", "secagg", "realtime", "hierarchy", "fedbuff"])
+@pytest.mark.parametrize("scenario", [RESUMABLE, SCAFFOLD, SECURE, REALTIME, HIERARCHY, FEDBUFF, RING],
+                         ids=["fedavg_topk_feedback", "scaffold", "secagg", "realtime", "hierarchy", "fedbuff", "ring"])
 def test_a_killed_run_resumed_from_its_checkpoint_writes_what_an_uninterrupted_run_writes(tmp_path, scenario):
     path = write_scenario(tmp_path / "s.yaml", scenario)
     whole = tmp_path / "whole"
@@ -144,7 +171,9 @@ def test_no_checkpoint_while_clients_still_upload(tmp_path):
     assert info["last_skip"]["why"] == "transfers in flight" or "working" in info["last_skip"]["why"]
 
 
-def test_checkpoints_are_refused_where_they_do_not_apply(tmp_path):
+def test_a_ring_takes_checkpoints_at_its_barriers(tmp_path):
+    """The ring was refused checkpoints (no instant without a client working); its clients now
+    meet at a barrier after every K-th round (the resume test above runs one)."""
     text = """
 rounds: 2
 topology: ring
@@ -153,5 +182,10 @@ population: {clients: 4, devices: [{ms_per_sample: 1}], links: [{up_mbps: 1, dow
 algorithm: {name: fibfl}
 run: {checkpoint_every: 1}
 """
-    res = run_cli("validate", str(write_scenario(tmp_path / "s.yaml", text)))
-    assert res.returncode == 2 and "run.checkpoint_every: checkpoints are for the star and the hierarchy" in res.stderr
+    path = write_scenario(tmp_path / "s.yaml", text)
+    res = run_cli("validate", str(path))
+    assert res.returncode == 0, res.stderr
+    from emulator.scenario import load_scenario  # noqa: PLC0415
+    from emulator.world import build_world  # noqa: PLC0415
+
+    assert build_world(load_scenario(path)[0]).ring.checkpoint_every == 1
