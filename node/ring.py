@@ -240,7 +240,7 @@ class RingClientActor:
     def snapshot(self) -> dict[str, Any]:
         return {**{name: portable(getattr(self, name)) for name in self.STATE},
                 "inbox": portable(dict(self.inbox)), "warm_models": dict(self.warm_models),
-                "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+                "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
                 "optimizers": [o.state_dict() for o in (self.opt_head, self.opt_extractor, self.opt_warmup)]}
 
     def restore(self, state: dict[str, Any]) -> None:
