@@ -353,9 +353,8 @@ def ray_hosts(placement: Placement, names: list[str], connect: str, keys: list[c
     started = not ray.is_initialized()
     if started:
         address = placement.ray_address or os.environ.get("RAY_ADDRESS")
-        here = ray_node_address(placement)
-        ray.init(address=address, include_dashboard=False, log_to_driver=True, logging_level="warning",
-                 **({"_node_ip_address": here} if address and address not in ("auto", "local") else {}))
+        here = {"_node_ip_address": ray_node_address(placement)} if ray_head(placement) is not None else {}
+        ray.init(address=address, include_dashboard=False, log_to_driver=True, logging_level="warning", **here)
     task = ray.remote(num_cpus=placement.cpus_per_host, num_gpus=placement.gpus_per_host, max_retries=0)(run_host_command)
     data_root = os.environ.get("EMULATOR_DATA")
     return started, [RayHost(name, task.remote(connect, key.as_dict(), threads, data_root, name))
@@ -367,13 +366,19 @@ def ray_node_address(placement: Placement) -> str:
     from. Ray itself guesses by routing towards a public address, which fails on a machine with no
     route out (a private cluster network, a network namespace) and then falls back to the host
     name's address, where no Ray node runs: the driver would wait for ever."""
-    address = placement.ray_address or os.environ.get("RAY_ADDRESS")
-    head = urlsplit(f"//{address}").hostname if address and address not in ("auto", "local") else None
+    head = ray_head(placement)
     if head is not None:
         return local_address_towards(head)
     import ray  # noqa: PLC0415
 
     return ray.util.get_node_ip_address()
+
+
+def ray_head(placement: Placement) -> str | None:
+    """The host of the Ray cluster the run joins (--ray-address, else $RAY_ADDRESS); None where Ray
+    finds or starts its own (no address, `auto`, `local`)."""
+    address = placement.ray_address or os.environ.get("RAY_ADDRESS")
+    return urlsplit(f"//{address}").hostname if address and address not in ("auto", "local") else None
 
 
 def local_address_towards(host: str) -> str:

@@ -9,10 +9,10 @@ import numpy as np
 import zmq
 
 from protocol.curve import read_host_key
-from .placement import (DEFAULT_SILENCE_S, Child, DataRefused, Lobby, PlacementError, RemoteHost, data_shard, ray_hosts, slot_keys,
-                        world_fingerprint)
+from .placement import (DEFAULT_SILENCE_S, Child, DataRefused, Lobby, PlacementError, RemoteHost, data_shard,
+                        ray_hosts, slot_keys, world_fingerprint)
 from .results import RunWriter
-from .world import World, scenario_files
+from .world import World, scenario_files, splits_by_user
 
 
 class RemoteHosts:
@@ -75,7 +75,7 @@ class RemoteHosts:
     def _data_server(self, world: World):
         """slot -> the data its clients hold (placement.data_shard), for a host with no data set."""
         part = self.sc.task.partition
-        split_here = part.kind == "natural" or (part.kind == "by_user" and part.generator == "fedprox")
+        split_here = splits_by_user(part)
         limit = int(self.placement.serve_data_mb * 2**20)
 
         def data_of(slot: str) -> tuple[dict, list[bytes]]:

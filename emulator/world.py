@@ -171,7 +171,7 @@ def _shards(sc: Scenario, task: TaskSpec, rng: np.random.Generator) -> tuple[Tas
     n = sc.population.clients
     part = sc.task.partition
     test_shards: list = [None] * n
-    if part.kind == "natural" or (part.kind == "by_user" and part.generator == "fedprox"):
+    if splits_by_user(part):
         # The users' own test parts are the test set; each client's are its own test split.
         try:
             split = datasets.leaf_split(task.train, task.test, n) if part.kind == "natural" else \
@@ -193,6 +193,12 @@ def _shards(sc: Scenario, task: TaskSpec, rng: np.random.Generator) -> tuple[Tas
     if min(s.size for s in shards) == 0:
         raise ScenarioError(f"task.partition: {task.train.y.numel()} samples cannot give each of {n} clients at least one")
     return task, shards, test_shards
+
+
+def splits_by_user(partition) -> bool:
+    """Whether the clients' samples come from a split of the whole data set by user (its own test
+    parts too), rather than from indices into the data set as loaded."""
+    return partition.kind == "natural" or (partition.kind == "by_user" and partition.generator == "fedprox")
 
 
 def _evaluates_on_clients(sc: Scenario) -> bool:
