@@ -679,13 +679,10 @@ class NetworkModel(Strict):
     rto_ms: float = Field(200.0, ge=0, description="minimum RTO; fluid: the delay each lost segment costs")
     flow_solver: Literal["scratch", "incremental"] = Field(
         "scratch", description="scratch: max-min rates filled again over every flow at every change; incremental: "
-                               "only what a change moves (emulator/flows/levelflows.py), the same times, for thousands of "
-                               "concurrent flows; fluid transport only so far")
+                               "only what a change moves (emulator/flows/levelflows.py), the same times to rounding, for "
+                               "thousands of concurrent flows; fluid or tcp, not trace-driven links")
 
     rules = (
-        OnlyWhen("flow_solver", "transport", ("fluid",), value="incremental",
-                 why="incremental runs with transport: fluid only so far (its tcp windows are not yet within the "
-                     "from-scratch model's times); use flow_solver: scratch for tcp"),
         OnlyWhen("mss", "transport", ("fluid",), value=0,
                  why="the tcp transport counts its window in segments, so mss must be > 0 (or use transport: fluid)"),
     )

@@ -568,29 +568,36 @@ def _add_excess(excess: dict, held: dict, fid: Hashable, part: tuple[Hashable, f
     entry[1] += 1
 
 
-def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: Any = None) -> list[tuple[float, float]]:
+def _add_transfer(model: FlowModel, i: int, tr: Mapping[str, Any], settle: bool, then_settle: bool) -> list:
+    """simulate's start of transfer i: its flow added, and the events the rates that follow give."""
+    extra = {k: v for k, v in tr.items() if k not in ("start", "after", "gap", "bits", "path", "latency")}
+    changed = model.add(i, tr["bits"], tr["path"], settle=settle, **extra)
+    return [*changed, *model.settle()] if then_settle else changed
+
+
+def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: Any = None,
+             together: bool = False) -> list[tuple[float, float]]:
     """Run transfers alone through a flow model (no network process): each is a mapping with
     `start` (seconds, or `after`: the index of a transfer whose arrival starts it, plus `gap`),
     `bits`, `path`, `latency` (one way) and the keyword arguments of FlowModel.add. With `traces`
     (a traces.TraceRates), its links' capacities follow it as the network process makes them
     (emulator/transfers.py): a flow starting on a traced link looks its rate up, and the rate
-    changes at the trace's bin boundaries while a flow uses the link. Returns each transfer's
-    (start, arrival). For tests, benchmarks and the validation tool's side of the comparison."""
+    changes at the trace's bin boundaries while a flow uses the link. With `together`, flows that
+    start at one instant get their rates once, as the network process adds them. Returns each
+    transfer's (start, arrival): for tests, benchmarks and the validation tool's model side."""
     import heapq
 
     out: list[list[float]] = [[INF, INF] for _ in transfers]
     events: list[tuple[float, int, int, Any]] = []  # (t, order, n, payload)
-    seq = 0
+    seq, on_link, watched = 0, {}, set()  # traced link -> flows on it; traced links with a change on the clock
 
     def push(t: float, kind: int, payload: Any) -> None:
         nonlocal seq
         seq += 1
         heapq.heappush(events, (t, kind, seq, payload))
 
-    on_link: dict[Hashable, int] = {}  # traced link -> flows on it
     for link in (traces.refs if traces is not None else ()):
         model.nominal[link] = traces.mean(link)
-    watched: set = set()  # traced links with a change on the clock
 
     def watch(path: Sequence[Hashable], t: float, step: int) -> None:
         for link in path if traces is not None else ():
@@ -620,9 +627,9 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: A
             i = rest[0]
             tr = transfers[i]
             out[i][0] = t
-            extra = {k: v for k, v in tr.items() if k not in ("start", "after", "gap", "bits", "path", "latency")}
             watch(tr["path"], t, 1)
-            for fid, due, version in model.add(i, tr["bits"], tr["path"], **extra):
+            more = together and events and events[0][0] == t and events[0][1] == 1  # another start now
+            for fid, due, version in _add_transfer(model, i, tr, settle=not more, then_settle=together and not more):
                 push(due, 0, ("flow", fid, version))
         elif what == "capacity":
             link = rest[0]

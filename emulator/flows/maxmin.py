@@ -132,13 +132,15 @@ class IncrementalMaxMin:
         self.touched_flows: set[Hashable] = set()
 
     # ---- changes -----------------------------------------------------------------------------
-    def add(self, fid: Hashable, path: Sequence[Hashable]) -> None:
+    def add(self, fid: Hashable, path: Sequence[Hashable], seq: int | None = None) -> None:
+        """A flow along `path`. Flows are taken in `seq` order where ties must be broken (as a
+        from-scratch filling takes them in its list's order); by default, in the order added."""
         if fid in self.paths:
             raise KeyError(f"flow {fid!r} is already there")
         links = tuple(dict.fromkeys(link for link in path if self.capacity.get(link, INF) < INF))
         self.routes[fid] = tuple(path)
         self.paths[fid] = links
-        self.seq[fid] = next(self._seqs)
+        self.seq[fid] = next(self._seqs) if seq is None else seq
         self.by_seq[self.seq[fid]] = fid
         newly_shared = []
         for link in links:
@@ -172,11 +174,12 @@ class IncrementalMaxMin:
         """A link's new capacity (a fault, a repair). Its flows are placed again."""
         on = [fid for fid, route in self.routes.items() if link in route]
         routes = [self.routes[fid] for fid in on]
+        seqs = [self.seq[fid] for fid in on]
         for fid in on:
             self.remove(fid)
         self.capacity[link] = float(capacity)
-        for fid, route in zip(on, routes):
-            self.add(fid, route)
+        for fid, route, seq in zip(on, routes, seqs):
+            self.add(fid, route, seq)
 
     def __len__(self) -> int:
         return len(self.paths)
