@@ -13,6 +13,7 @@ import numpy as np
 import yaml
 
 from node.accounting import Release, ledger_summary
+from .device_log import SUMMARY_FIELDS, DeviceSummary
 from .secure_results import SECURE_FIELDS, UPLOAD_KINDS, SecureTotals, phase_rows
 from .summary import Summary, mean_of
 
@@ -64,7 +65,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 CSV_FILES = {"transfers": TRANSFER_FIELDS, "rounds": ROUND_FIELDS, "clients": CLIENT_FIELDS, "devices": DEVICE_FIELDS}
 # what a checkpoint keeps of the writer besides the lengths of its CSV files
 WRITER_STATE = ("device_events", "outcomes", "unassigned", "rows", "incidents", "summary", "releases", "diagnostics",
-                "secure_totals", "dispatch_timing")
+                "secure_totals", "dispatch_timing", "device_summary")
 # a client's diagnostics kept for this many of its latest updates (an update's row may be written a few
 # rounds after it arrived, when a late update joins a later round)
 DIAGNOSTICS_KEPT = 8
@@ -83,7 +84,11 @@ class RunWriter:
                 w = csv.DictWriter(f, fieldnames=list(population_rows[0]))
                 w.writeheader()
                 w.writerows(population_rows)
+        # devices.csv: a row per device and round (DeviceSummary), or the event log (run.device_log: full)
+        self.device_summary = None if (scenario.get("run") or {}).get("device_log") == "full" else DeviceSummary()
         for name, fields in CSV_FILES.items():
+            if name == "devices" and self.device_summary is not None:
+                fields = SUMMARY_FIELDS
             handle, writer = self._open_csv(name, fields, resume)
             setattr(self, f"_{name}_file", handle)
             setattr(self, f"_{name}", writer)
@@ -228,7 +233,10 @@ class RunWriter:
         return timing
 
     def device(self, rec: dict) -> None:
-        self._devices.writerow({k: rec.get(k) for k in DEVICE_FIELDS})
+        if self.device_summary is None:
+            self._devices.writerow({k: rec.get(k) for k in DEVICE_FIELDS})
+        else:
+            self._devices.writerows(self.device_summary.add(rec))
         self.device_events[rec["client"]].append(rec)
 
     def round(self, rep: dict, wall_s: float) -> dict:
@@ -279,6 +287,8 @@ class RunWriter:
         self.rows.append(row)
         self._rounds.writerow(row)
         self._clients.writerows(clients)
+        if self.device_summary is not None:
+            self._devices.writerows(self.device_summary.round_ended(row["round"], row["t_end"]))
         for f in (self._rounds_file, self._transfers_file, self._clients_file, self._devices_file):
             f.flush()
         self._whole, self._whole_rows = self._sizes(), len(self.rows)
@@ -413,6 +423,11 @@ class RunWriter:
         self._whole = {}  # a second salvage (the summary's write failed too) cuts nothing more
 
     def close(self) -> None:
+        if self.device_summary is not None and not self._devices_file.closed:
+            try:  # the rounds still held, and what the devices did after the last one
+                self._devices.writerows(self.device_summary.close())
+            except OSError:
+                pass  # a full disk: the file keeps the rows it holds
         for f in self._handles():
             if not f.closed:
                 f.close()

@@ -720,6 +720,10 @@ class Run(Strict):
         None, ge=1, description="write RUN_DIR/checkpoint after every this many rounds (at the round's end, when no "
                                 "client is still working; a ring's clients meet at a barrier for it, FedBuff drains); "
                                 "`python -m emulator resume RUN_DIR` continues from it")
+    device_log: Literal["summary", "full"] = Field(
+        "summary", description="devices.csv: summary, a row per device and round it had events in (counts by event, "
+                               "energy, battery after; a round's rows once it is over); full, a row per event as it "
+                               "happens (every draw of energy)")
     trace: bool = Field(False, description="write RUN_DIR/trace.json at the end: the run as a timeline for Perfetto UI "
                                            "or chrome://tracing (emulator/tracefile.py)")
     speculate: Optional[bool] = Field(None, description="removed: speculation saved under 10 % of the flagship's "

@@ -89,8 +89,8 @@ def _aggregate_s(run_dir: Path) -> float:
 def _batteries(devices: list[dict[str, str]]) -> list[dict[str, Any]]:
     """A counter track per client: its battery level at each device event that reports one."""
     out = [{"name": "process_name", "ph": "M", "pid": BATTERIES_PID, "args": {"name": "batteries"}}]
-    for row in devices:
-        level, at = time_of(row.get("battery")), time_of(row.get("t"))
+    for row in devices:  # a full log's events, or a summary's rows (the level after each round's last event)
+        level, at = time_of(row.get("battery")), time_of(row.get("t", row.get("t_last")))
         if level is not None and at is not None:
             out.append({"name": f"battery {row['client']}", "ph": "C", "pid": BATTERIES_PID, "ts": at * US,
                         "args": {"level": level}})

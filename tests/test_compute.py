@@ -56,7 +56,7 @@ eval: {every: 0}
 
 def test_a_task_under_load_takes_its_loaded_time_and_full_speed_energy(tmp_path):
     out = tmp_path / "run"
-    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", SCENARIO)), "--out", str(out), timeout=120)
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", SCENARIO)), "--set", "run.device_log=full", "--out", str(out), timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     busy = full_speed_seconds(20.0, 200, 2, 64, 30.0)  # (4 + 0.12) x 2 = 8.24 s: spans several 1.5 s load periods
     assert busy == pytest.approx(8.24)
@@ -141,7 +141,7 @@ def test_a_charged_task_takes_its_codec_seconds_on_real_processes_and_the_run_pi
                  "privacy: {mechanism: laplace, epsilon: 100, clip: 10}, charge_codec_time: true, codec_time: %s}"
                  % json.dumps(PINNED))
     out = tmp_path / "run"
-    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", base)), "--out", str(out), timeout=120)
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", base)), "--set", "run.device_log=full", "--out", str(out), timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     busy = full_speed_seconds(20.0, 200, 2, 64, 30.0)
     codec_s = (0.25 + 0.25 + 0.5) * 20.0 / 4.0

@@ -230,8 +230,8 @@ eval: {every: 1}
 
 
 def test_the_whole_edge_is_deterministic(tmp_path):
-    a = run(tmp_path, EVERYTHING, "a")
-    b = run(tmp_path, EVERYTHING, "b")
+    a = run(tmp_path, EVERYTHING, "a", "run.device_log=full")  # every device event, to compare
+    b = run(tmp_path, EVERYTHING, "b", "run.device_log=full")
     end = json.loads((a / "summary.json").read_text())["emulated_time_s"]
     # What still happens after the last round closed (work in flight when the run stops) may or
     # may not be recorded; everything up to then must be identical.

@@ -232,7 +232,7 @@ def test_population_scenario_shortened(tmp_path):
     out = tmp_path / "pop"
     res = run_cli("run", str(REPO / "scenarios" / "population_100k.yaml"), "--set", "population.clients=2000",
                   "--set", "selection.clients_per_round=50", "--set", "task.synthetic.samples=4000", "--set", "rounds=3",
-                  "--out", str(out), timeout=300)
+                  "--set", "run.device_log=full", "--out", str(out), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == 3

@@ -21,7 +21,8 @@ algorithm: {local_epochs: 1, batch_size: 10, lr: 0.05}
 
 def test_a_runs_trace_is_its_records_as_a_timeline(tmp_path):
     out = tmp_path / "run"
-    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", SCENARIO)), "--trace", "--out", str(out), timeout=120)
+    res = run_cli("run", str(write_scenario(tmp_path / "s.yaml", SCENARIO)), "--trace", "--set", "run.device_log=full",
+                  "--out", str(out), timeout=120)
     assert res.returncode == 0, res.stderr
     trace = json.loads((out / "trace.json").read_text())
     events = trace["traceEvents"]
