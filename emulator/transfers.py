@@ -101,9 +101,10 @@ class Transfers:
         tcp = {}
         if self.cfg.tcp is not None:
             framing = self.cfg.framing
+            loss = self._loss(tr)  # (a loss-free path draws nothing: no generator to make, about 12 us each)
             tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self.cfg.one_way(tr.src, tr.dst),
-                       seg_bits=(framing.mss + framing.segment_overhead) * 8.0, mss=framing.mss, loss=self._loss(tr),
-                       rng=self._rng(tr), control=self.cfg.link(tr.src).congestion_control)  # the sender's
+                       seg_bits=(framing.mss + framing.segment_overhead) * 8.0, mss=framing.mss, loss=loss,
+                       rng=self._rng(tr) if loss > 0 else None, control=self.cfg.link(tr.src).congestion_control)
         path = self.cfg.path(tr.src, tr.dst)
         if self.traces is not None:
             self._watch_traced_links(tr.tid, path)
