@@ -56,6 +56,7 @@ class Network:
         self.guard = PeerGuard(cfg.peers)
         self.actor_peer = self.guard.owner
         self.peer_actors: dict[str, list[str]] = {}
+        self._hello_so_far: dict[str, list[str]] = {}  # the parts of a hello said in parts, until its last
         self.last_heard: dict[str, float] = {}  # wall time of each peer's last message
         self.busy_for: dict[str, float] = {}  # what its last heartbeat said about its current job
         self.reported_silent: set[str] = set()
@@ -136,13 +137,17 @@ class Network:
         self._to_peers.append((peer, [ALIVE_ACK]))
 
     def _on_hello(self, peer: str, env: dict[str, Any], _: list[Any]) -> None:
+        actors = self._hello_so_far.pop(peer, []) + list(env["actors"])
+        if env["more"] and env["peer"] == peer and len(actors) <= self.guard.expected(peer):
+            self._hello_so_far[peer] = actors  # the next part follows
+            return
         refused = (f"{peer} said hello as {env['peer']!r}" if env["peer"] != peer else
-                   self.guard.claim(peer, list(env["actors"])))
+                   self.guard.claim(peer, actors))
         if refused:
             self._refuse(peer, refused)
             self.to_conductor("report", {"type": "refused_claim", "peer": peer, "reason": refused, "t_net": self.now})
             return
-        self.peer_actors[peer] = list(env["actors"])
+        self.peer_actors[peer] = actors
         if not self.started and set(self.cfg.peers) <= self.guard.greeted:
             self._start_clock()
 

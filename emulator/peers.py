@@ -79,11 +79,17 @@ class PeerGuard:
             print(f"[network] {label} is not a peer of this run and keeps sending: banned "
                   f"({tally.refused} messages, {tally.refused_bytes} bytes refused)", file=self.log)
 
+    def expected(self, peer: str) -> int:
+        """How many actors the peer was given (a hello in parts may name no more)."""
+        return len(self.assigned.get(peer, ()))
+
     def claim(self, peer: str, actors: list[str]) -> str | None:
         """A hello: bind the actors to the peer. None when accepted, else why it was refused (then
         nothing is bound). A peer says hello once, and only for the actors it was given."""
         if peer in self.greeted:
             return f"{peer} said hello a second time (claiming {sorted(actors)[:5]})"
+        if len(set(actors)) < len(actors):
+            return f"{peer} named an actor twice in its hello"
         foreign = sorted(set(actors) - self.assigned.get(peer, frozenset()))
         if foreign:
             taken = [a for a in foreign if a in self.owner]

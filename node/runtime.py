@@ -219,7 +219,8 @@ class Runtime:
         ]
         for th in threads:
             th.start()
-        sock.send(envelope.pack("hello", peer=self.peer, actors=list(self.actors)))
+        for part in envelope.hello_parts(self.peer, list(self.actors)):
+            sock.send(part)
         if self.announce:
             sock.send(envelope.pack("report", body={"peer": self.peer, **self.announce}))
         poller = zmq.Poller()

@@ -31,7 +31,8 @@ class Defaulted:
 
 # op -> {field: type}; every field listed is required unless Defaulted, no other field is allowed.
 SCHEMA: dict[str, dict[str, Any]] = {
-    "hello": {"peer": _STR, "actors": _LIST},
+    # a peer with more actors than one envelope holds says hello in parts: `more` on all but the last
+    "hello": {"peer": _STR, "actors": _LIST, "more": Defaulted(bool, False)},
     "send": {"src": _STR, "dst": (str, list), "kind": _STR, "round": _INT, "t": _NUM, "n": _INT, "body": _MAP,
              "payload": _INT, "fp32": _INT,
              # the emulator's records of the message (a client's diagnostics): never delivered, never counted
@@ -84,6 +85,17 @@ class ProtocolError(ValueError):
 
 def pack(op: str, **fields: Any) -> bytes:
     return msgpack.packb({"v": VERSION, "op": op, **fields}, use_bin_type=True)
+
+
+HELLO_PART_ACTORS = 20_000  # actor names per hello part: far under MAX_ENVELOPE_BYTES for names of up to 40 bytes
+
+
+def hello_parts(peer: str, actors: list[str]) -> list[bytes]:
+    """A peer's hello, in as many envelopes as its actors need (a host of 150,000 clients names
+    1.2 MB of actors, over the envelope limit)."""
+    chunks = [actors[i:i + HELLO_PART_ACTORS] for i in range(0, len(actors), HELLO_PART_ACTORS)] or [[]]
+    return [pack("hello", peer=peer, actors=chunk, **({"more": True} if k < len(chunks) - 1 else {}))
+            for k, chunk in enumerate(chunks)]
 
 
 def unpack(frame: Any) -> dict[str, Any]:

@@ -101,6 +101,31 @@ def test_a_peer_claims_only_its_own_actors_and_only_once():
     assert net.actor_peer["c0"] == "host0"
 
 
+def test_a_hello_in_parts_binds_every_actor_once_the_last_part_comes(monkeypatch):
+    monkeypatch.setattr(envelope, "HELLO_PART_ACTORS", 1)
+    net = network()
+    parts = envelope.hello_parts("host0", ["c0", "c1"])
+    assert len(parts) == 2
+    net.receive(b"host0", frames(parts[0]))
+    assert net.actor_peer == {} and "host0" not in net.guard.greeted  # the first of two parts
+    net.receive(b"host0", frames(parts[1]))
+    assert net.actor_peer == {"c0": "host0", "c1": "host0"}
+    for part in envelope.hello_parts("host1", ["c2", "c2"]):  # more parts than it has actors
+        net.receive(b"host1", frames(part))
+    claims = [r for r in reports(net) if r["type"] == "refused_claim"]
+    assert [c["peer"] for c in claims] == ["host1"] and "c2" not in net.actor_peer
+
+
+def test_a_host_of_150000_clients_says_hello_within_the_envelope_limit():
+    actors = [f"c{i:06d}" for i in range(150_000)]
+    parts = envelope.hello_parts("host0", actors)
+    assert len(parts) > 1  # one envelope would be about 1.2 MB
+    said = [envelope.unpack(p) for p in parts]
+    assert all(len(p) <= envelope.MAX_ENVELOPE_BYTES for p in parts)
+    assert [a for s in said for a in s["actors"]] == actors
+    assert [s["more"] for s in said] == [True] * (len(parts) - 1) + [False]
+
+
 def test_acting_for_others_is_refused():
     net = network()
     greet_all(net)
