@@ -26,11 +26,12 @@ give the same times (tests/test_levelflows.py checks it on random workloads):
   added, as the from-scratch model sums it, so the two read the same float;
 - ties are broken in the order flows were added; a flow that leaves its star's level at the rate
   it had keeps the event it had.
-What still differs: a star's level is computed as (C - sum of the held caps) / (n - held), not by
-the from-scratch filling's subtractions in its order, so the two differ in the last bits; where
-a window equals the level to those bits (BBR paces at the rate it measured, which is the level),
+What still differs: the last bits in places (a star's level is (C - sum of the held caps) /
+(n - held), not the scratch filling's subtractions in its order; a level flow's part of a standing
+queue is taken at that level, and a part of 1e-10 bits may be counted by one model and not the
+other). Where a window equals a fair share to those bits (BBR paces at the rate it measured),
 the two can decide a tie differently. Measured on the random workloads of tests/flow_scenarios.py:
-CUBIC 200 of 200 within 1e-12 s; a mix of CUBIC, BBR and Reno senders 198 of 200; BBR alone 96
+CUBIC 200 of 200 within 1e-12 s; a mix of CUBIC, BBR and Reno senders 199 of 200; BBR alone 96
 of 100 (the others within 6 ms); Reno alone 99 of 100 (one 0.6 s).
 """
 from __future__ import annotations
