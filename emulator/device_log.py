@@ -58,10 +58,7 @@ class DeviceSummary:
 
     def close(self) -> list[dict[str, Any]]:
         """The rows still held when the run ends: every reported round's, then the events after them."""
-        rows = []
-        while self.written < len(self.ends):
-            rows += self._rows(self.written, self.labels[self.written])
-            self.written += 1
+        rows = self._final(every_round=True)
         if self.after:
             label = self.labels[-1] + 1 if self.labels else 0
             position = len(self.ends)
@@ -71,9 +68,10 @@ class DeviceSummary:
             rows += self._rows(position, label)
         return rows
 
-    def _final(self) -> list[dict[str, Any]]:
+    def _final(self, every_round: bool = False) -> list[dict[str, Any]]:
+        """The rows of the reported rounds not yet out that a later event closed (or all of them)."""
         rows = []
-        while self.written < len(self.ends) and self.ends[self.written] < self.latest:
+        while self.written < len(self.ends) and (every_round or self.ends[self.written] < self.latest):
             rows += self._rows(self.written, self.labels[self.written])
             self.written += 1
         return rows

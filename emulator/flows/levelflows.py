@@ -190,7 +190,7 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         # or cap is read again until the next change that fills the rates afresh
         window = self.transport.cap(flow, self.t)
         alone = held and self._window_moves_alone(fid, flow, window)  # (on the rates as they were)
-        self._replace_if_capped(fid, flow)  # the solver follows the window either way
+        self._replace_if_capped(fid, flow, window)  # the solver follows the window either way
         if not held and flow.rate > 0 and window >= flow.rate:
             self._queue_alone(fid, flow)
             return False, self._reschedule_alone(fid, flow)
@@ -237,9 +237,10 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         if star.head == fid:
             star.head = None
 
-    def _replace_if_capped(self, fid: Hashable, flow: Flow) -> bool:
-        """Place the flow again when its window's cap moved (its event changed the window)."""
-        cap = self.transport.cap(flow, self.t)
+    def _replace_if_capped(self, fid: Hashable, flow: Flow, cap: float | None = None) -> bool:
+        """Place the flow again when its window's cap (`cap`, if the caller has just read it) moved."""
+        if cap is None:
+            cap = self.transport.cap(flow, self.t)
         if cap == self.mm.capacity.get(window_link(fid)):
             return False
         self.mm.remove(fid)

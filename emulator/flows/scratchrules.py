@@ -145,15 +145,21 @@ class SummedQueues:
         old = self.excess.get(fid)
         if old == part:
             return
+        if part is None:
+            self.excess.pop(fid, None)
+        else:
+            self.excess[fid] = part
+        self._index_part(fid, old, part)
+
+    def _index_part(self, fid: Hashable, old: tuple | None, new: tuple | None) -> None:
+        """The flow's part moved from `old` to `new` ((link, bits) or None): which links hold it, and
+        whose sums must be taken afresh."""
         if old is not None:
             del self.parts_at[old[0]][fid]
             self.stale_links.add(old[0])
-        if part is None:
-            self.excess.pop(fid, None)
-            return
-        self.excess[fid] = part
-        self.parts_at.setdefault(part[0], {})[fid] = None
-        self.stale_links.add(part[0])
+        if new is not None:
+            self.parts_at.setdefault(new[0], {})[fid] = None
+            self.stale_links.add(new[0])
 
     def _sum_links(self) -> None:
         """The bits each changed link's flows hold, summed from zero in the order the flows were added
@@ -178,13 +184,7 @@ class SummedQueues:
         old = self.excess.get(fid)
         self._track_member(fid, flow)
         self._queue_of(fid, flow)
-        new = self.excess.get(fid)
-        if old is not None:
-            del self.parts_at[old[0]][fid]
-            self.stale_links.add(old[0])
-        if new is not None:
-            self.parts_at.setdefault(new[0], {})[fid] = None
-            self.stale_links.add(new[0])
+        self._index_part(fid, old, self.excess.get(fid))
 
     def _link_queue(self, link: Hashable) -> None:
         super()._link_queue(link)  # type: ignore[misc]  (FlowModel's)
