@@ -44,7 +44,11 @@ class Event:
         return self._key() < other._key()
 
     def _key(self) -> tuple:
-        return (self.kind, *(getattr(self, f.name) for f in fields(self)))
+        names = type(self).__dict__.get("_field_names")
+        if names is None:  # looked up once per class: dataclasses.fields() is slow on the heap's path
+            names = tuple(f.name for f in fields(self))
+            type(self)._field_names = names
+        return (self.kind, *(getattr(self, name) for name in names))
 
     def portable(self) -> "Event":
         """The event as a checkpoint saves it (see Deliver and FlowStart)."""
@@ -104,6 +108,13 @@ class FlowDue(Event):
 
     def run(self, net, sock) -> None:
         net.transfers.on_flow_due(self.fid, self.version)
+
+    def __lt__(self, other: Event) -> bool:
+        # A flow whose head goes back on the clock at the time it had ties with its earlier entry
+        # (tens of thousands of times in a check-in wave): the same order as _key's, cheaper.
+        if type(other) is FlowDue:
+            return (self.fid, self.version) < (other.fid, other.version)
+        return super().__lt__(other)
 
 
 @dataclass(eq=False)

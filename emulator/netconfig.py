@@ -38,6 +38,9 @@ class Link:
     congestion_control: str | None = None  # what this actor sends with (tcp transport); None: network.tcp's
 
 
+NO_LINK = Link()  # an actor without a link of its own (one instance: Link is frozen)
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str  # "truncate" | "link_down"
@@ -80,7 +83,7 @@ class NetworkConfig:
     remote_peers: frozenset[str] = frozenset()  # hosts on other machines: they send their checkpoint part in messages
 
     def link(self, actor: str) -> Link:
-        return self.links.get(actor, Link())
+        return self.links.get(actor, NO_LINK)
 
     def one_way(self, src: str, dst: str) -> float:
         """The latency of a message from src to dst: both access links'."""

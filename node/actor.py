@@ -89,3 +89,20 @@ class Actor(Protocol):
     name: str
 
     def react(self, msg: Message) -> Reaction: ...
+
+
+def quiet_kinds(actor: Any) -> frozenset[str]:
+    """The message kinds an actor declares quiet (class attribute `quiet_kinds`): its reaction to
+    them changes its own state and may report, but never sends, sets a timer, works, asks for a
+    checkpoint or barrier, or halts. The network then need not wait for its answer before moving
+    the clock on (a population's check-ins reach the server one after another, each a round trip
+    between two processes otherwise). The runtime checks every such reaction."""
+    return frozenset(getattr(actor, "quiet_kinds", ()))
+
+
+def moves_clock(reaction: Reaction) -> list[str]:
+    """What in a reaction the network would have to wait for (empty for a quiet one)."""
+    parts = {"a send": reaction.sends, "a timer": reaction.timers, "work": reaction.work is not None,
+             "a checkpoint": reaction.checkpoint is not None, "a barrier": reaction.barrier is not None,
+             "a halt": reaction.halt}
+    return [name for name, present in parts.items() if present]

@@ -34,6 +34,7 @@ class Dispatch:
 
 
 class AsyncServer(ServerActor):
+    quiet_kinds = frozenset()  # a check-in may fill a free slot at once
     STATE = ServerActor.STATE + ("version", "dispatches", "inflight", "step_start", "concluded", "dispatched",
                                  "stepping", "finished", "rejected_in_step", "draining")
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import zmq
 
 from protocol import envelope
-from .actor import Actor, Message, Reaction
+from .actor import Actor, Message, Reaction, moves_clock, quiet_kinds
 from .executor import WorkExecutor
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,8 @@ class Runtime:
         if actor is None or frames is None:
             if actor is None:
                 self._refuse(f"delivery for unknown actor {env['dst']!r}")
-            sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
+            if not env["quiet"]:
+                sock.send(envelope.pack("done", actor=env["dst"], hold=env["hold"], busy_until=None, busy_s=None))
             return
         msg = Message(env["src"], env["dst"], env["kind"], env["round"], env["t"], env["body"], frames, env["device"])
         if log.isEnabledFor(logging.DEBUG):
@@ -171,6 +172,14 @@ class Runtime:
         except Exception:
             traceback.print_exc()
             reaction = Reaction(reports=[{"type": "error", "actor": actor.name, "error": traceback.format_exc(limit=3)}])
+        if env["quiet"]:  # nobody waits for an answer: there must be nothing to wait for
+            moved = moves_clock(reaction)
+            if moved:
+                reaction = Reaction(reports=[*reaction.reports, {
+                    "type": "error", "actor": actor.name,
+                    "error": f"{actor.name} declares {msg.kind!r} quiet but reacted to it with {', '.join(moved)}"}])
+            self._emit(sock, actor.name, reaction, msg.t)
+            return
         self._emit(sock, actor.name, reaction, msg.t)
         self._start_work(sock, actor.name, env["hold"], reaction, msg.t)
 
@@ -219,7 +228,11 @@ class Runtime:
         ]
         for th in threads:
             th.start()
-        for part in envelope.hello_parts(self.peer, list(self.actors)):
+        quiet: dict[str, list[str]] = {}
+        for name, actor in self.actors.items():
+            for kind in sorted(quiet_kinds(actor)):
+                quiet.setdefault(kind, []).append(name)
+        for part in envelope.hello_parts(self.peer, list(self.actors), quiet):
             sock.send(part)
         if self.announce:
             sock.send(envelope.pack("report", body={"peer": self.peer, **self.announce}))

@@ -82,6 +82,8 @@ class RoundState:
 
 class ServerActor(SecureRounds, Checkpointable):
     name = "server"
+    # a check-in only joins the pool (node/actor.py quiet_kinds): the clock need not wait for it
+    quiet_kinds = frozenset({"checkin"})
     STATE = ("global_state", "pool", "down", "round", "late", "last_round_end", "short_since", "rounds_with_clients",
              "strategy_state", "selector_state", "overdue", "carried")
 

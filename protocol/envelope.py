@@ -31,8 +31,11 @@ class Defaulted:
 
 # op -> {field: type}; every field listed is required unless Defaulted, no other field is allowed.
 SCHEMA: dict[str, dict[str, Any]] = {
-    # a peer with more actors than one envelope holds says hello in parts: `more` on all but the last
-    "hello": {"peer": _STR, "actors": _LIST, "more": Defaulted(bool, False)},
+    # a peer with more actors than one envelope holds says hello in parts: `more` on all but the last;
+    # `quiet` (kind -> actors) names the kinds whose delivery an actor answers with nothing that
+    # moves the clock (no send, timer, work, checkpoint, barrier or halt): the network does not wait
+    # for their answer, and the peer sends none
+    "hello": {"peer": _STR, "actors": _LIST, "more": Defaulted(bool, False), "quiet": Defaulted(_MAP, {})},
     "send": {"src": _STR, "dst": (str, list), "kind": _STR, "round": _INT, "t": _NUM, "n": _INT, "body": _MAP,
              "payload": _INT, "fp32": _INT,
              # the emulator's records of the message (a client's diagnostics): never delivered, never counted
@@ -40,7 +43,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     # shared > 0: the payload of a send to several actors, which crosses to a peer once: with frames,
     # the peer keeps them as shared payload `shared` (in place of the one it kept); without, it uses them
     "deliver": {"src": _STR, "dst": _STR, "kind": _STR, "round": _INT, "t": _NUM, "hold": _INT, "body": _MAP,
-                "device": (dict, type(None)), "shared": _INT},
+                "device": (dict, type(None)), "shared": _INT, "quiet": Defaulted(bool, False)},
     "done": {"actor": _STR, "hold": _INT, "busy_until": (int, float, type(None)), "busy_s": (int, float, type(None))},
     "timer": {"actor": _STR, "at": _NUM, "tag": _STR},
     "report": {"body": _MAP},
@@ -90,11 +93,13 @@ def pack(op: str, **fields: Any) -> bytes:
 HELLO_PART_ACTORS = 20_000  # actor names per hello part: far under MAX_ENVELOPE_BYTES for names of up to 40 bytes
 
 
-def hello_parts(peer: str, actors: list[str]) -> list[bytes]:
+def hello_parts(peer: str, actors: list[str], quiet: dict[str, list[str]] | None = None) -> list[bytes]:
     """A peer's hello, in as many envelopes as its actors need (a host of 150,000 clients names
-    1.2 MB of actors, over the envelope limit)."""
+    1.2 MB of actors, over the envelope limit); its quiet kinds (kind -> actors) go in the last."""
     chunks = [actors[i:i + HELLO_PART_ACTORS] for i in range(0, len(actors), HELLO_PART_ACTORS)] or [[]]
-    return [pack("hello", peer=peer, actors=chunk, **({"more": True} if k < len(chunks) - 1 else {}))
+    last = len(chunks) - 1
+    return [pack("hello", peer=peer, actors=chunk,
+                 **({"more": True} if k < last else {"quiet": quiet} if quiet else {}))
             for k, chunk in enumerate(chunks)]
 
 
@@ -137,6 +142,9 @@ def unpack(frame: Any) -> dict[str, Any]:
         raise ProtocolError(f"{op}: dst list must hold actor names")
     if op == "hello" and not all(isinstance(a, str) for a in env["actors"]):
         raise ProtocolError("hello: actors must be actor names")
+    if op == "hello" and not all(kind in KINDS and isinstance(names, list) and all(isinstance(a, str) for a in names)
+                                 for kind, names in env["quiet"].items()):
+        raise ProtocolError("hello: quiet must map message kinds to actor names")
     return env
 
 
