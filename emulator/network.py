@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import zmq
 
+from node.lifecycle import settle_heap
 from protocol import envelope
 from protocol import curve
 from protocol.curve import ZapHandler
@@ -63,6 +64,7 @@ class Network:
         self.reported_silent: set[str] = set()
         self.impostors: set[str] = set()  # slots a message came as with another key (reported once each)
         self.started = False
+        self.own_process = False  # network_main's: the process is this network's (see settle_heap)
         self.stopping = False
         self.halt_pending = False  # the server said when the run ends...
         self.halted = False  # ...and the clock got there: no event after it runs
@@ -168,6 +170,8 @@ class Network:
             return
         self.to_conductor("report", {"type": "clock_started", "t_net": 0.0})
         self.timeline.start()
+        if self.own_process:
+            settle_heap()  # every device's next change is on the clock now
         for actor in self.cfg.starters:
             self.clock.push_own(0.0, "", Deliver(network_message(actor, "start"), []))
 
@@ -392,8 +396,11 @@ class Network:
 
 
 def network_main(cfg: NetworkConfig) -> None:
-    from node.lifecycle import detach_from_terminal_signals, keep_freed_memory  # noqa: PLC0415  (as node processes)
+    from node.lifecycle import building, detach_from_terminal_signals, keep_freed_memory  # noqa: PLC0415  (as node processes)
 
     detach_from_terminal_signals(cfg.parent_pid, "network")
     keep_freed_memory()  # it relays model-sized frames
-    Network(cfg).run()
+    with building():  # (its configuration was unpickled with the collector off: see FreshProcess)
+        net = Network(cfg)
+    net.own_process = True
+    net.run()

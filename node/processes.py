@@ -10,7 +10,7 @@ import torch
 import zmq
 
 from .device import EXIT_DEVICE, DeviceError, open_device
-from .lifecycle import detach_from_terminal_signals, keep_freed_memory
+from .lifecycle import building, detach_from_terminal_signals, keep_freed_memory
 from .async_server import AsyncServer
 from .client import ClientActor, ClientConfig, ClientProfile, TaskSpec, Trainer
 from .edge import EdgeServer
@@ -41,21 +41,28 @@ def host_main(peer: str, endpoint: str, clients: list[ClientProfile], task: Task
         Runtime.tell_fatal(peer, endpoint, str(exc), secure=secure)
         sys.exit(EXIT_DEVICE)
     task = task.on(placement.device)
-    group = {}
+    with building():  # tens of thousands of actors, kept for the whole run
+        actors, group = _client_actors(clients, task, cfg, device_info)
+        runtime = Runtime(peer, endpoint, actors, parent_pid, restore, announce={"type": "device", **device_info},
+                          secure=secure, silence_s=silence_s, **group)
+    runtime.run()
+
+
+def _client_actors(clients: list[ClientProfile], task: TaskSpec, cfg: ClientConfig | RingConfig | FlowerClientConfig,
+                   device_info: dict) -> tuple[list, dict]:
+    """A host's actors, and how its cohorts train together (the Runtime's run_group and group_size)."""
     if isinstance(cfg, RingConfig):
         evaluator = Evaluator(task)
-        actors = [RingClientActor(profile, task, cfg, evaluator) for profile in clients]
-    elif isinstance(cfg, FlowerClientConfig):
-        actors = make_client_actors(clients, cfg)
-    else:
-        trainer = Trainer(task, cfg.cohort)
-        actors = [ClientActor(profile, trainer, cfg) for profile in clients]
-        cohorts = trainer.cohorts
-        if cohorts.max_size > 1:
-            group = {"run_group": cohorts.run_group, "group_size": cohorts.max_size}
-        device_info["cohort"] = cohorts.max_size
-    Runtime(peer, endpoint, actors, parent_pid, restore, announce={"type": "device", **device_info},
-            secure=secure, silence_s=silence_s, **group).run()
+        return [RingClientActor(profile, task, cfg, evaluator) for profile in clients], {}
+    if isinstance(cfg, FlowerClientConfig):
+        return make_client_actors(clients, cfg), {}
+    trainer = Trainer(task, cfg.cohort)
+    actors = [ClientActor(profile, trainer, cfg) for profile in clients]
+    cohorts = trainer.cohorts
+    device_info["cohort"] = cohorts.max_size
+    if cohorts.max_size > 1:
+        return actors, {"run_group": cohorts.run_group, "group_size": cohorts.max_size}
+    return actors, {}
 
 
 def server_main(endpoint: str, cfg: ServerConfig, client_names: list[str], task: TaskSpec, threads: int,
