@@ -58,7 +58,7 @@ class Network:
         self.actor_peer = self.guard.owner
         self.peer_actors: dict[str, list[str]] = {}
         self._hello_so_far: dict[str, list[str]] = {}  # the parts of a hello said in parts, until its last
-        self.quiet: dict[str, frozenset[str]] = {}  # actor -> the kinds it answers without moving the clock
+        self.quiet = self.guard.quiet  # actor -> the kinds it answers without moving the clock
         self.last_heard: dict[str, float] = {}  # wall time of each peer's last message
         self.busy_for: dict[str, float] = {}  # what its last heartbeat said about its current job
         self.reported_silent: set[str] = set()
@@ -144,18 +144,13 @@ class Network:
         if env["more"] and env["peer"] == peer and len(actors) <= self.guard.expected(peer):
             self._hello_so_far[peer] = actors  # the next part follows
             return
-        strangers = sorted({a for names in env["quiet"].values() for a in names} - set(actors))
         refused = (f"{peer} said hello as {env['peer']!r}" if env["peer"] != peer else
-                   f"{peer} declares quiet kinds for {strangers[0]!r}, not one of its actors" if strangers else
-                   self.guard.claim(peer, actors))
+                   self.guard.claim(peer, actors, env["quiet"]))
         if refused:
             self._refuse(peer, refused)
             self.to_conductor("report", {"type": "refused_claim", "peer": peer, "reason": refused, "t_net": self.now})
             return
         self.peer_actors[peer] = actors
-        for kind, names in env["quiet"].items():
-            for actor in names:
-                self.quiet[actor] = self.quiet.get(actor, frozenset()) | {kind}
         if not self.started and set(self.cfg.peers) <= self.guard.greeted:
             self._start_clock()
 
@@ -309,8 +304,7 @@ class Network:
         if self._to_peers:
             self._flush_peers(sock)
         env["t"] = self.now
-        # a quiet delivery holds nothing: its answer could not precede any event (node/actor.py)
-        quiet = env["kind"] in self.quiet.get(dst, ())
+        quiet = env["kind"] in self.quiet.get(dst, ())  # holds nothing: its answer precedes no event
         hold = 0 if quiet else next(self.hold_ids)
         if not quiet:
             self.holds.deliver(hold, dst, self.now)

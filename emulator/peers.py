@@ -42,6 +42,7 @@ class PeerGuard:
         self.names = {name.encode(): name for name in assigned}
         self.assigned = {name: frozenset(actors) for name, actors in assigned.items()}
         self.owner: dict[str, str] = {}  # actor -> the peer that claimed it
+        self.quiet: dict[str, frozenset[str]] = {}  # actor -> the kinds it declared quiet
         self.greeted: set[str] = set()
         self.tallies: dict[str, Tally] = {}
         self.banned: set[bytes] = set()
@@ -83,13 +84,18 @@ class PeerGuard:
         """How many actors the peer was given (a hello in parts may name no more)."""
         return len(self.assigned.get(peer, ()))
 
-    def claim(self, peer: str, actors: list[str]) -> str | None:
-        """A hello: bind the actors to the peer. None when accepted, else why it was refused (then
+    def claim(self, peer: str, actors: list[str], quiet: dict[str, list[str]] | None = None) -> str | None:
+        """A hello: bind the actors to the peer, and note the kinds each declares quiet (kind ->
+        actors; node/actor.py quiet_kinds). None when accepted, else why it was refused (then
         nothing is bound). A peer says hello once, and only for the actors it was given."""
+        quiet = quiet or {}
         if peer in self.greeted:
             return f"{peer} said hello a second time (claiming {sorted(actors)[:5]})"
         if len(set(actors)) < len(actors):
             return f"{peer} named an actor twice in its hello"
+        strangers = sorted({a for names in quiet.values() for a in names} - set(actors))
+        if strangers:
+            return f"{peer} declares quiet kinds for {strangers[0]!r}, not one of its actors"
         foreign = sorted(set(actors) - self.assigned.get(peer, frozenset()))
         if foreign:
             taken = [a for a in foreign if a in self.owner]
@@ -98,6 +104,9 @@ class PeerGuard:
         self.greeted.add(peer)
         for actor in actors:
             self.owner[actor] = peer
+        for kind, names in quiet.items():
+            for actor in names:
+                self.quiet[actor] = self.quiet.get(actor, frozenset()) | {kind}
         return None
 
     def counts(self) -> dict[str, object]:
