@@ -91,12 +91,13 @@ class PeerGuard:
         quiet = quiet or {}
         if peer in self.greeted:
             return f"{peer} said hello a second time (claiming {sorted(actors)[:5]})"
-        if len(set(actors)) < len(actors):
+        named = set(actors)
+        if len(named) < len(actors):
             return f"{peer} named an actor twice in its hello"
-        strangers = sorted({a for names in quiet.values() for a in names} - set(actors))
+        strangers = sorted({a for names in quiet.values() for a in names} - named)
         if strangers:
             return f"{peer} declares quiet kinds for {strangers[0]!r}, not one of its actors"
-        foreign = sorted(set(actors) - self.assigned.get(peer, frozenset()))
+        foreign = sorted(named - self.assigned.get(peer, frozenset()))
         if foreign:
             taken = [a for a in foreign if a in self.owner]
             what = f"actors of another peer ({taken[:5]})" if taken else f"actors it was not given ({foreign[:5]})"

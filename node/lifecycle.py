@@ -63,14 +63,10 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, HEAP_KEEP))
 
 
-# A population's processes hold hundreds of thousands of long-lived objects (devices, actors,
-# transfers in flight). Python's cyclic collector is triggered by allocations and, at its defaults,
-# walks them again and again while they are being made: 40 % of building a 100,000-device world,
-# 80 % of unpickling its devices in the network process.
-# In a process that settles its heap: allocations between young collections, young collections
-# between middle ones, middle between full ones. A round 0 of 100,000 devices in the network process
-# found no cyclic garbage at all; at (100,000, 10, 10) its 27 young and 2 middle collections took
-# 1.1 s, the middle ones most of it.
+# The collector's thresholds in a process that settled its heap: allocations between young
+# collections, young collections between middle ones, middle between full ones (Python's: 700, 10,
+# 10). A round 0 of 100,000 devices in the network process found no cyclic garbage at all; at
+# (100,000, 10, 10) its 27 young and 2 middle collections took 1.1 s, the middle ones most of it.
 THRESHOLDS = (100_000, 50, 100)
 
 
@@ -79,7 +75,12 @@ def building() -> Iterator[None]:
     """No cyclic collection while a process builds what it will keep (reference counting still
     frees everything that is not a cycle); what was built is frozen out of later collections, and
     the collector is on afterwards, whatever it was before (the network's fresh interpreter starts
-    with it off, to unpickle its configuration)."""
+    with it off, to unpickle its configuration).
+
+    A population's processes hold hundreds of thousands of long-lived objects (devices, actors).
+    The collector is triggered by allocations and, at its defaults, walks them again and again
+    while they are being made: 40 % of building a 100,000-device world, 80 % of unpickling its
+    devices in the network process."""
     gc.disable()
     try:
         yield
@@ -89,8 +90,8 @@ def building() -> Iterator[None]:
 
 
 def settle_heap() -> None:
-    """Keep every object alive now out of later collections (gc.freeze), and collect the young
-    generation less often: the network creates and drops a few objects per event, almost none in
-    cycles, and with the default threshold collected every 700 allocations."""
+    """Keep every object alive now out of later collections (gc.freeze), and collect at THRESHOLDS:
+    the network creates and drops a few objects per event, almost none in cycles, and at Python's
+    thresholds collected every 700 allocations."""
     gc.freeze()
     gc.set_threshold(*THRESHOLDS)
