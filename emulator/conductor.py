@@ -26,6 +26,7 @@ from node.device import EXIT_DEVICE
 from node.lifecycle import building
 from node.processes import host_main
 from protocol import envelope
+from protocol.reportparts import ReportJoiner
 from .netconfig import CONDUCTOR, SERVER, NetworkConfig
 from .network import network_main
 from .placement import Child, Lobby, Placement, PlacementError, network_listen, ray_node_address, slot_keys
@@ -148,6 +149,7 @@ class Conductor(RemoteHosts):
         self.ring: RingRounds | None = None  # round rows assembled from the clients' reports (serverless topologies)
         self.saved_ring: RingRounds | None = None
         self.reports = Reports(self)  # what each report from the processes does to the results
+        self.report_parts = ReportJoiner()  # reports over one envelope come in parts
         self.storage_failed: str | None = None  # why a write of the results failed (a full disk): the run stopped
 
     # ---- processes -----------------------------------------------------------------------------
@@ -419,6 +421,10 @@ class Conductor(RemoteHosts):
             for rec in body.get("devices", []):
                 writer.device(rec)
         elif env["op"] == "report":
+            if body.get("type") == "part":
+                body = self._joined(body, writer)
+                if body is None:
+                    return None
             if body.get("type") == "peer_silent":
                 return self._declare_lost(body, sock, writer)
             if body.get("type") == "fatal":  # a process that cannot start (its training device): nothing can run
@@ -432,6 +438,13 @@ class Conductor(RemoteHosts):
             if self.reports.handle(body, writer):
                 return self.reports.final_status(body)
         return None
+
+    def _joined(self, part: dict[str, Any], writer: RunWriter) -> dict[str, Any] | None:
+        try:
+            return self.report_parts.add(part)
+        except ValueError as exc:
+            writer.incident("the conductor refused a report part", peer=part.get("peer"), error=str(exc))
+            return None
 
     def _declare_lost(self, body: dict[str, Any], sock: zmq.Socket, writer: RunWriter) -> tuple[str, str | None] | None:
         """A peer stopped answering (stopped, deadlocked, swapping): kill it and carry on as if it

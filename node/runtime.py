@@ -21,6 +21,7 @@ from typing import Any, Callable
 import zmq
 
 from protocol import envelope
+from protocol.reportparts import report_parts
 from .actor import Actor, Message, Reaction, moves_clock, quiet_kinds
 from .executor import WorkExecutor
 
@@ -70,6 +71,7 @@ class Runtime:
             self._restore(restore)
         self._wake_closers: list[Callable[[], None]] = []
         self._report_out: queue.SimpleQueue = queue.SimpleQueue()
+        self._report_ids = itertools.count()  # a report too large for one envelope goes in parts under its id
         self._resumes: dict[int, tuple[str, Callable[[], Reaction]]] = {}
         self._resume_ids = itertools.count()
         self._shared: tuple[int, list[Any]] = (0, [])  # the shared payload kept (see _shared_payload)
@@ -394,4 +396,5 @@ class Runtime:
                 body = self._report_out.get_nowait()
             except queue.Empty:
                 break
-            sock.send(envelope.pack("report", body={"peer": self.peer, **body}))
+            for part in report_parts(self.peer, body, next(self._report_ids)):
+                sock.send(part)
