@@ -99,3 +99,36 @@ def test_a_second_shared_link_solves_only_its_component():
     model.remove("c")
     del flows["c"]
     check(model, flows, caps)
+
+
+def _state(model: IncrementalMaxMin) -> tuple:
+    """Everything the solver keeps, dict orders included (they decide later ties and sums)."""
+    tables = ("capacity", "routes", "paths", "users", "seq", "attached", "impure", "private", "levels",
+              "general", "general_bottleneck", "by_seq")
+    out = [list(getattr(model, t).items()) for t in tables]
+    out.append([(link, list(u)) for link, u in model.users.items() if u])
+    out.append([(link, caps.blocks, caps.maxes, caps.sums, caps.finite, caps.infinite) for link, caps in model.caps.items()])
+    return tuple(out), model.touched_links, model.touched_flows, model.dirty
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(LINKS[:6]), min_size=0, max_size=3), min_size=1, max_size=30),
+       st.lists(st.tuples(st.integers(0, 29), st.one_of(st.floats(0.5, 100.0), st.just(math.inf))), min_size=1, max_size=30))
+def test_a_windows_new_capacity_leaves_what_remove_and_add_leave(paths, changes):
+    """set_own_capacity (a window's cap read again) against the remove and add it replaces: the same
+    tables in the same orders, the same sorted caps block by block, the same changes recorded."""
+    caps = capacities([10.0 * (i + 1) for i in range(len(LINKS))])
+    fast, slow = IncrementalMaxMin(caps), IncrementalMaxMin(caps)
+    for fid, path in enumerate(paths):
+        for model in (fast, slow):
+            model.capacity[("window", fid)] = 5.0 + fid
+            model.add(fid, (*path, ("window", fid)), fid)
+    for k, cap in changes:
+        fid = k % len(paths)
+        window = ("window", fid)
+        fast.set_own_capacity(fid, window, cap)
+        slow.remove(fid)
+        slow.capacity[window] = cap
+        slow.add(fid, (*paths[fid], window), fid)
+        assert _state(fast) == _state(slow)
+        assert fast.rates() == slow.rates()

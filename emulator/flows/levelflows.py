@@ -241,11 +241,10 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         """Place the flow again when its window's cap (`cap`, if the caller has just read it) moved."""
         if cap is None:
             cap = self.transport.cap(flow, self.t)
-        if cap == self.mm.capacity.get(window_link(fid)):
+        window = window_link(fid)
+        if cap == self.mm.capacity.get(window):
             return False
-        self.mm.remove(fid)
-        self.mm.capacity[window_link(fid)] = cap
-        self.mm.add(fid, (*flow.path, window_link(fid)), flow.order)
+        self.mm.set_own_capacity(fid, window, cap)
         return True
 
     # ---- the rates after changes ----------------------------------------------------------------

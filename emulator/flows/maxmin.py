@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from typing import Hashable, Mapping, Sequence
 
 INF = float("inf")
+_cap = operator.itemgetter(0)  # a (cap, seq) item's cap: summed in C, in the same order as a loop would
 BLOCK = 64  # sorted blocks hold BLOCK..2 BLOCK values: O(sqrt F) with a small constant in Python
 
 
@@ -54,10 +56,10 @@ class _SortedCaps:
             low, high = block[:half], block[half:]
             self.blocks[b:b + 1] = [low, high]
             self.maxes[b:b + 1] = [low[-1], high[-1]]
-            self.sums[b:b + 1] = [sum(c for c, _ in low), sum(c for c, _ in high)]
+            self.sums[b:b + 1] = [sum(map(_cap, low)), sum(map(_cap, high))]
         else:
             self.maxes[b] = block[-1]
-            self.sums[b] = sum(c for c, _ in block)  # summed afresh: no drift from running updates
+            self.sums[b] = sum(map(_cap, block))  # summed afresh: no drift from running updates
 
     def remove(self, cap: float, seq: int) -> None:
         if cap >= INF:
@@ -73,7 +75,7 @@ class _SortedCaps:
         self.finite -= 1
         if block:
             self.maxes[b] = block[-1]
-            self.sums[b] = sum(c for c, _ in block)
+            self.sums[b] = sum(map(_cap, block))
         else:
             del self.blocks[b], self.maxes[b], self.sums[b]
 
@@ -169,6 +171,47 @@ class IncrementalMaxMin:
         del self.by_seq[self.seq[fid]]
         for table in (self.routes, self.paths, self.seq):
             del table[fid]
+
+    def set_own_capacity(self, fid: Hashable, link: Hashable, capacity: float) -> None:
+        """The new capacity of a link only `fid` crosses (its window): the state `remove(fid)`, the
+        new capacity and `add(fid)` again leave, step for step (the flows it shares a link with
+        two by two detached and attached twice, every table's order as after a new add), without
+        taking its route apart. A window that becomes finite or infinite changes the flow's finite
+        links: that case is the remove and add themselves."""
+        if (self.capacity.get(link, INF) < INF) != (capacity < INF):
+            route, seq = self.routes[fid], self.seq[fid]
+            self.remove(fid)
+            self.capacity[link] = capacity
+            self.add(fid, route, seq)
+            return
+        self.capacity[link] = capacity
+        links = self.paths[fid]
+        self._detach(fid)
+        self._reattach_partners(fid, links, leaving=True)
+        seq = self.seq[fid]
+        for table, key in ((self.by_seq, seq), (self.routes, fid), (self.paths, fid), (self.seq, fid)):
+            table[key] = table.pop(key)  # (to the end, as a removed and added entry goes)
+        self._reattach_partners(fid, links, leaving=False)
+        self._attach(fid)
+
+    def _reattach_partners(self, fid: Hashable, links: tuple, leaving: bool) -> None:
+        """`fid` leaves (or joins again) its links' users: a link it shared with one other flow
+        changes that flow's case, which is placed again (as remove and add do)."""
+        partners = []
+        for link in links:
+            if leaving:
+                users = self.users[link]
+                del users[fid]
+                if not users:
+                    del self.users[link]
+            else:
+                users = self.users.setdefault(link, {})
+                users[fid] = None
+            if len(users) == (1 if leaving else 2):
+                partners.append(next(iter(users)))
+        for other in dict.fromkeys(partners):
+            self._detach(other)
+            self._attach(other)
 
     def set_capacity(self, link: Hashable, capacity: float) -> None:
         """A link's new capacity (a fault, a repair). Its flows are placed again."""
