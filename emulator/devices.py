@@ -16,6 +16,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from node.seeding import park, unpark
+
 INF = math.inf
 
 
@@ -49,19 +51,25 @@ class MarkovAvailability(Availability):
         state = dict(self.__dict__)
         rng = state.pop("rng")
         if rng is not None:
-            state["parked"] = _park(rng)
+            state["parked"] = park(rng)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.rng = None
 
+    def park_stream(self) -> None:
+        """Keep the generator's state rather than the generator (one the caller lends, such as
+        node.seeding's scratch generator, is then free for other draws)."""
+        if self.rng is not None:
+            self.parked, self.rng = park(self.rng), None
+
     def _exponential(self, scale: float) -> float:
         if self.rng is not None:
             return float(self.rng.exponential(scale))
-        rng = _unpark(self.parked)
+        rng = unpark(self.parked)
         value = float(rng.exponential(scale))
-        self.parked = _park(rng)
+        self.parked = park(rng)
         return value
 
     def transitions(self) -> Iterator[float]:
@@ -70,27 +78,6 @@ class MarkovAvailability(Availability):
             t += self._exponential(self.mean_on if on else self.mean_off)
             on = not on
             yield t
-
-
-_scratch: np.random.Generator | None = None  # one generator lent to every parked state in turn
-
-
-def _park(rng: np.random.Generator) -> tuple:
-    s = rng.bit_generator.state
-    if s["bit_generator"] != "PCG64":
-        raise TypeError(f"cannot park a {s['bit_generator']} generator")
-    return s["state"]["state"], s["state"]["inc"], s["has_uint32"], s["uinteger"]
-
-
-def _unpark(parked: tuple) -> np.random.Generator:
-    """A generator in the parked state: the one scratch generator, valid until the next call."""
-    global _scratch
-    if _scratch is None:
-        _scratch = np.random.Generator(np.random.PCG64(0))
-    state, inc, has_uint32, uinteger = parked
-    _scratch.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
-                                    "has_uint32": has_uint32, "uinteger": uinteger}
-    return _scratch
 
 
 class TraceAvailability(Availability):

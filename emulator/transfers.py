@@ -9,7 +9,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-import numpy as np
+from node.seeding import parked, unpark
 
 from .clock import FLOW_START, CapacityChange, Deliver, EventClock, FlowDue, peek
 from .devices import stable_key
@@ -104,7 +104,7 @@ class Transfers:
             loss = self._loss(tr)  # (a loss-free path draws nothing: no generator to make, about 12 us each)
             tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self.cfg.one_way(tr.src, tr.dst),
                        seg_bits=(framing.mss + framing.segment_overhead) * 8.0, mss=framing.mss, loss=loss,
-                       rng=self._rng(tr) if loss > 0 else None, control=self.cfg.link(tr.src).congestion_control)
+                       rng=self._stream(tr) if loss > 0 else None, control=self.cfg.link(tr.src).congestion_control)
         path = self.cfg.path(tr.src, tr.dst)
         if self.traces is not None:
             self._watch_traced_links(tr.tid, path)
@@ -151,10 +151,11 @@ class Transfers:
         up, down = self.cfg.link(tr.src), self.cfg.link(tr.dst)
         return 1 - (1 - up.loss) * (1 - down.loss)
 
-    def _rng(self, tr: Transfer, *stream: int) -> np.random.Generator:
-        """A generator named by the transfer (and a stream tag), so that its draws do not depend on
-        the order in which messages reached this process."""
-        return np.random.default_rng([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst), *stream])
+    def _stream(self, tr: Transfer, *stream: int) -> tuple:
+        """A random stream named by the transfer (and a stream tag), so that its draws do not depend
+        on the order in which messages reached this process: parked (node/seeding.py), the state
+        np.random.default_rng of the same integers starts in."""
+        return parked([self.cfg.seed, stable_key(*tr.key), stable_key(tr.dst), *stream])
 
     def _impairments(self, tr: Transfer) -> None:
         """Jitter of both access links, and (fluid transport) the cost of lost segments: each is
@@ -162,7 +163,7 @@ class Transfers:
         up, down = self.cfg.link(tr.src), self.cfg.link(tr.dst)
         if not (up.jitter_s or down.jitter_s or up.loss or down.loss):
             return
-        rng = self._rng(tr, 1)  # a stream apart from the tcp transport's loss draws
+        rng = unpark(self._stream(tr, 1))  # a stream apart from the tcp transport's loss draws
         delay = sum(float(rng.exponential(j)) for j in (up.jitter_s, down.jitter_s) if j > 0)
         loss = self._loss(tr)
         mss = self.cfg.framing.mss or 1448

@@ -15,6 +15,7 @@ from node import firma
 from node.client import ClientConfig, ClientProfile, TaskSpec
 from node.codec_cost import CodecTime, calibrate, host_ms_per_sample
 from node.device import DevicePlan
+from node.seeding import drawing
 from node.stages import Privacy
 from node.models import PRIVATE_PREFIX, training_flops
 from node.selection import Uniform
@@ -242,7 +243,7 @@ def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: lis
                     up, down = (mean, down) if direction == "up" else (up, mean)
         link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms),
                     congestion_control=dev.congestion_control)
-        spec = _device_spec(sc, i, dev, lk.name, behaviour, np.random.default_rng([sc.seed, i, 0xD1]))
+        spec = _device_spec(sc, i, dev, lk.name, behaviour, drawing([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
     return clients, traced
 
@@ -586,5 +587,7 @@ def _device_spec(sc: Scenario, i: int, dev, link_name: str, behaviour, rng: np.r
         low, high = dev.battery_start
         battery = dev_model.Battery(capacity_j, capacity_j * float(rng.uniform(low, high)),
                                     charging=bool(rng.random() < dev.charging_share), charge_w=dev.charge_w, idle_w=dev.idle_w)
+    if isinstance(availability, dev_model.MarkovAvailability):
+        availability.park_stream()  # its later draws follow the battery's, from the lent generator's state
     return dev_model.DeviceSpec(i, dev.name, link_name, availability, battery, dev.train_w, dev.j_per_mb_up,
                                 dev.j_per_mb_down, dev.load_mean, dev.load_period_s)

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import numpy as np
+from .seeding import drawing
 
 MIN_SHARE = 0.05  # background load never takes more than 95 % of the device
 
@@ -26,7 +26,7 @@ def cpu_load(seed: int, device: int, t: float, period_s: float, mean: float, con
 def _period_load(seed: int, device: int, k: int, mean: float, concentration: float) -> float:
     """Remembered: the network asks for a device's load at every delivery to it, and a seeded
     generator costs tens of microseconds to make."""
-    rng = np.random.default_rng([seed, device, k, 0xC0])
+    rng = drawing([seed, device, k, 0xC0])
     a, b = mean * concentration, (1 - mean) * concentration
     return float(min(rng.beta(a, b), 1.0 - MIN_SHARE))
 

@@ -48,6 +48,8 @@ from typing import Any, Hashable
 
 import numpy as np
 
+from node.seeding import keep, lend
+
 from .congestion import CONGESTION_CONTROLS, CongestionControl, after_loss, cubic_window, idle_restart, receive_window
 from .records import CONNECTION_FIELDS, WINDOW_FIELDS, ConnectionRecord, Record, WindowRecord
 
@@ -121,13 +123,13 @@ class TcpState(Record, WindowRecord):
     FIELDS = WINDOW_FIELDS
 
     def __init__(self, conn: Connection, rtt_base: float, seg_bits: float, mss: int, loss: float,
-                 rng: np.random.Generator | None, *, queues: Any = None, fid: Hashable = None, path: tuple = ()):
+                 rng: np.random.Generator | tuple | None, *, queues: Any = None, fid: Hashable = None, path: tuple = ()):
         self.conn = conn
         self.rtt_base = rtt_base  # propagation RTT plus a segment's serialization at the path's narrowest link
         self.seg_bits = seg_bits  # link bits of one full segment
         self.mss = mss  # payload bytes of one full segment (the receive window counts these)
         self.loss = loss
-        self.rng = rng
+        self.rng = rng  # its loss draws: a generator, or a parked stream (node/seeding.py)
         self.phase = "ss"  # "ss" | "ca" | "open" (no RTT: no window)
         self.round_end = INF
         self.budget = INF  # slow start: bits the current round may still send
@@ -220,7 +222,12 @@ class TcpTransport:
         self._draw_loss(st)
 
     def _draw_loss(self, st: TcpState) -> None:
-        st.loss_in = (float(st.rng.geometric(st.loss)) - 0.5) * st.seg_bits if st.loss > 0 and st.rng is not None else INF
+        if st.loss > 0 and st.rng is not None:
+            rng = lend(st.rng)
+            st.loss_in = (float(rng.geometric(st.loss)) - 0.5) * st.seg_bits
+            st.rng = keep(st.rng, rng)
+        else:
+            st.loss_in = INF
 
     def _enter_ca(self, st: TcpState, now: float, cwnd: float) -> None:
         conn = st.conn
@@ -329,7 +336,10 @@ class TcpTransport:
         flow.remaining_bits += st.seg_bits
         segments_after = int(max(0.0, flow.remaining_bits - st.seg_bits) // st.seg_bits)
         floor = now + recovery_delay(st.rtt, segments_after)
-        if st.rng.random() < st.loss:  # the retransmission is lost too: only the RTO recovers it
+        rng = lend(st.rng)
+        lost_again = rng.random() < st.loss
+        st.rng = keep(st.rng, rng)
+        if lost_again:  # the retransmission is lost too: only the RTO recovers it
             floor += rto(st.rtt, self.p.rto_min_s, self._rtts_so_far(st, now))
         st.floor = max(st.floor, floor)
         if not conn.control.loss_ends_slow_start:  # (BBR) the control keeps its phase, round and rate
