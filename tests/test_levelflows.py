@@ -45,6 +45,26 @@ def test_tcp_arrivals_when_flows_start_together(seed):
     assert_same_arrivals(seed, (), together=True)
 
 
+def test_level_flows_whose_caps_rose_keep_the_lower_cap_and_the_times(monkeypatch):
+    """After a queue moves, a level flow whose cap rose keeps its lower cap in the solver
+    (IncrementalFlowModel._recap_after_queue). The random workloads take that shortcut, and their
+    times stay the scratch model's (the workloads above check every arrival; here, that the
+    shortcut is taken at all, so that those checks cover it)."""
+    taken = []
+    recap = IncrementalFlowModel._recap_after_queue
+
+    def counting(self, fid, flow):
+        before = self.mm.capacity.get(("window", fid))
+        read = recap(self, fid, flow)
+        taken.append(not read and before == self.mm.capacity.get(("window", fid)) != self.transport.cap(flow, self.t))
+        return read
+
+    monkeypatch.setattr(IncrementalFlowModel, "_recap_after_queue", counting)
+    for seed in range(30):
+        assert_same_arrivals(seed, ())
+    assert sum(taken) >= 20 and len(taken) > sum(taken)
+
+
 def assert_same_arrivals(seed: int, controls: tuple[str, ...], together: bool = False) -> None:
     def load():  # fresh loss draws and windows for each model
         base, transfers = workload(seed, True, controls)

@@ -20,8 +20,10 @@ Under tcp it follows the from-scratch model's rules exactly where they read stat
 give the same times (tests/test_levelflows.py checks it on random workloads):
 - a window's cap is read again at the events where the from-scratch model fills every rate afresh
   (a start, an end, a window event it cannot take alone), for every flow whose cap's inputs moved
-  since (its own window, or a queue on its path); its two shortcuts (an event that moves no other
-  flow's rate) are taken on the same conditions, and then nothing else is read;
+  since (its own window, or a queue on its path), except that a level flow whose cap rose with a
+  shorter queue keeps its lower cap (a cap above the level does not enter the filling, and the
+  flow's cap is read afresh whenever the level reaches it); its two shortcuts (an event that moves
+  no other flow's rate) are taken on the same conditions, and then nothing else is read;
 - a standing queue is the sum of its flows' parts taken from zero in the order the flows were
   added, as the from-scratch model sums it, so the two read the same float;
 - ties are broken in the order flows were added; a flow that leaves its star's level at the rate
@@ -247,6 +249,17 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         self.mm.set_own_capacity(fid, window, cap)
         return True
 
+    def _recap_after_queue(self, fid: Hashable, flow: Flow) -> bool:
+        """Read a watched flow's cap again after a queue on its path moved. A level flow whose cap
+        rose keeps the lower cap the solver has (a cap above the level does not enter it): should
+        the level ever rise to that cap, the flow is touched and its cap read afresh before it is
+        settled (as every touched flow's is), so the solver never holds a cap above the true one."""
+        cap = self.transport.cap(flow, self.t)
+        star = flow.star
+        if star is not None and star.level < self.mm.capacity.get(window_link(fid), -INF) < cap:
+            return False
+        return self._replace_if_capped(fid, flow, cap)
+
     # ---- the rates after changes ----------------------------------------------------------------
     def _rebalance(self, force: Hashable = None) -> list[tuple[Hashable, float, int]]:
         self.unsettled = False
@@ -258,7 +271,7 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
                 flow = flows.get(fid)
                 if flow is not None and fid in mm.paths:
                     self.sync(flow)
-                    if self._replace_if_capped(fid, flow):
+                    if self._recap_after_queue(fid, flow):
                         mm.touched_flows.add(fid)
         self._catch_up_due()
         for fid in self.pending:
