@@ -220,6 +220,7 @@ def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: lis
     ms_of = device_ms_per_sample(sc, task)
     traces = LinkTraces(sc)
     traced: dict[tuple[str, str], TraceRef] = {}
+    shared_links: dict[tuple, Link] = {}
     clients = []
     for i in range(n):
         dev = sc.population.devices[devices[i]]
@@ -241,8 +242,10 @@ def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: lis
                     ref, mean = traces.assign(spec, f"population.links[{links[i]}].{direction}_trace", i, direction)
                     traced[(direction, profile.name)] = ref
                     up, down = (mean, down) if direction == "up" else (up, mean)
-        link = Link(up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms),
-                    congestion_control=dev.congestion_control)
+        fields = (up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms))
+        # clients with the same link share one (frozen) Link: it travels to the network once
+        link = shared_links.setdefault((*fields, dev.congestion_control),
+                                       Link(*fields, congestion_control=dev.congestion_control))
         spec = _device_spec(sc, i, dev, lk.name, behaviour, drawing([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
     return clients, traced
