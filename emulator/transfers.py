@@ -101,7 +101,7 @@ class Transfers:
         tcp = {}
         if self.cfg.tcp is not None:
             framing = self.cfg.framing
-            loss = self._loss(tr)  # (a loss-free path draws nothing: no generator to make, about 12 us each)
+            loss = self._loss(tr)  # (a loss-free path draws nothing: it has no stream)
             tcp = dict(connection=(tr.src, tr.dst), rtt=2 * self.cfg.one_way(tr.src, tr.dst),
                        seg_bits=(framing.mss + framing.segment_overhead) * 8.0, mss=framing.mss, loss=loss,
                        rng=self._stream(tr) if loss > 0 else None, control=self.cfg.link(tr.src).congestion_control)
