@@ -17,11 +17,16 @@ check-in wave and round 0 included).
 The transport is the scenario's (tcp, the default, with the incremental solver); --transport fluid
 runs the same cases with the fluid model instead, for comparison.
 
+--limit-s S stops each run at S wall seconds (SIGTERM: the run writes its files, status
+"interrupted"), and the case reports what it reached (first_round_s null where round 0 did not
+end); growth exponents use completed runs only. --million runs the issue's case alone: N =
+1,000,000, P = 10,000, 5 rounds, stopped at 900 s (15 minutes).
+
 Usage: python tools/bench_scale.py [--clients 1000,10000,100000] [--per-round 100,1000] [--rounds 20]
-                                   [--transport tcp|fluid] [--json]
+                                   [--transport tcp|fluid] [--limit-s S] [--million] [--json]
 --json prints one object per case with keys clients, per_round, transport, wall_s_per_round,
-events_per_s, pss_gib (and first_round_s, wall_s, rounds, emulated_s), then one object per P with
-per_round, growth_exponent (per round) and growth_exponent_whole_run."""
+events_per_s, pss_gib (and first_round_s, wall_s, rounds, emulated_s, status), then one object per
+P with per_round, growth_exponent (per round) and growth_exponent_whole_run."""
 from __future__ import annotations
 
 import argparse
@@ -38,34 +43,49 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "population_100k.yaml"
 SAMPLES_PER_CLIENT = 2  # the scenario's 200,000 synthetic samples for 100,000 clients
 MIN_POPULATION_PER_SELECTED = 4  # a quarter of the population is off at any time: P above N/4 is not a round
+STOP_GRACE_S = 180  # a run stopped at its limit writes its files within this
+# --million: the issue's case, a million devices with 10,000 a round for 5 rounds in 15 minutes
+MILLION = {"clients": "1000000", "per_round": "10000", "rounds": 5, "limit_s": 900.0}
 
 
-def run_case(clients: int, per_round: int, rounds: int, transport: str) -> dict:
+def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s: float | None = None) -> dict:
+    """One real run; with limit_s, stopped by SIGTERM at that wall time (it writes what it has)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         sets = {"population.clients": clients, "selection.clients_per_round": per_round, "rounds": rounds,
                 "task.synthetic.samples": SAMPLES_PER_CLIENT * clients, "network.transport": transport}
         args = [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
         start = time.perf_counter()
-        res = subprocess.run([sys.executable, "-m", "emulator", "run", str(SCENARIO), "--plain", "--out", str(out), *args],
-                             capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.Popen([sys.executable, "-m", "emulator", "run", str(SCENARIO), "--plain", "--out", str(out), *args],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            _, err = proc.communicate(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the conductor stops every process and writes the run's files
+            try:
+                _, err = proc.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
         wall = time.perf_counter() - start
-        if res.returncode != 0:
-            sys.exit(f"the run at N = {clients}, P = {per_round} failed:\n{res.stderr[-3000:]}")
-        summary = json.loads((out / "summary.json").read_text())
+        summary_path = out / "summary.json"
+        if not summary_path.exists() or (proc.returncode != 0 and limit_s is None):
+            sys.exit(f"the run at N = {clients}, P = {per_round} failed:\n{err[-3000:]}")
+        summary = json.loads(summary_path.read_text())
         with open(out / "rounds.csv") as f:
             walls = [float(r["wall_s"]) for r in csv.DictReader(f)]
     network = summary.get("network") or {}
     steady = (walls[-1] - walls[0]) / (len(walls) - 1) if len(walls) > 1 else float("nan")
     return {"clients": clients, "per_round": per_round, "transport": transport, "wall_s_per_round": steady,
             "events_per_s": network.get("events_per_s"), "pss_gib": summary["peak_pss_mib"] / 1024,
-            "first_round_s": walls[0] if walls else float("nan"), "wall_s": wall, "rounds": len(walls),
-            "emulated_s": summary["emulated_time_s"], "events": network.get("events")}
+            "first_round_s": walls[0] if walls else None, "wall_s": wall, "rounds": len(walls),
+            "emulated_s": summary["emulated_time_s"], "events": network.get("events"), "status": summary["status"]}
 
 
 def growth_exponent(cases: list[dict], per_round: int, key: str = "wall_s_per_round") -> float | None:
-    """g in key ~ N^g over the cases at `per_round`, a least-squares fit in log-log."""
-    points = [(math.log(c["clients"]), math.log(c[key])) for c in cases if c["per_round"] == per_round and c[key] > 0]
+    """g in key ~ N^g over the completed cases at `per_round`, a least-squares fit in log-log."""
+    points = [(math.log(c["clients"]), math.log(c[key])) for c in cases
+              if c["per_round"] == per_round and c["status"] == "completed" and c[key] > 0]
     if len(points) < 2:
         return None
     mx = sum(x for x, _ in points) / len(points)
@@ -79,24 +99,32 @@ def main() -> None:
     ap.add_argument("--per-round", default="100,1000")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--transport", choices=("tcp", "fluid"), default="tcp")
+    ap.add_argument("--limit-s", type=float, default=None,
+                    help="stop each run at this wall time (SIGTERM) and report what it reached")
+    ap.add_argument("--million", action="store_true",
+                    help="only N = 1,000,000, P = 10,000, 5 rounds, stopped at 900 s")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.million:
+        a.clients, a.per_round, a.rounds, a.limit_s = MILLION["clients"], MILLION["per_round"], MILLION["rounds"], MILLION["limit_s"]
     cases = []
     for per_round in [int(p) for p in a.per_round.split(",")]:
         for clients in [int(n) for n in a.clients.split(",")]:
             if per_round * MIN_POPULATION_PER_SELECTED > clients:
                 continue
-            case = run_case(clients, per_round, a.rounds, a.transport)
+            case = run_case(clients, per_round, a.rounds, a.transport, a.limit_s)
             cases.append(case)
             if a.json:
                 print(json.dumps({k: case[k] for k in ("clients", "per_round", "transport", "wall_s_per_round", "events_per_s",
-                                                       "pss_gib", "first_round_s", "wall_s", "rounds", "emulated_s")}),
+                                                       "pss_gib", "first_round_s", "wall_s", "rounds", "emulated_s",
+                                                       "status")}),
                       flush=True)
             else:
+                first = f"{case['first_round_s']:6.1f} s" if case["first_round_s"] is not None else "not reached"
                 print(f"N = {clients:>7,}  P = {per_round:>5,}  {case['wall_s_per_round']:6.2f} s/round  "
-                      f"first round at {case['first_round_s']:6.1f} s  whole run {case['wall_s']:6.1f} s  "
-                      f"{case['events']:>9,} events  {case['events_per_s'] or 0:7.0f} events/s  {case['pss_gib']:.2f} GiB PSS",
-                      flush=True)
+                      f"first round at {first}  whole run {case['wall_s']:6.1f} s ({case['status']}, "
+                      f"{case['rounds']} rounds)  {case['events'] or 0:>9,} events  {case['events_per_s'] or 0:7.0f} events/s  "
+                      f"{case['pss_gib']:.2f} GiB PSS", flush=True)
     for per_round in dict.fromkeys(c["per_round"] for c in cases):
         g, whole = growth_exponent(cases, per_round), growth_exponent(cases, per_round, "wall_s")
         if a.json:
