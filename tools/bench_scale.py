@@ -75,7 +75,7 @@ def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s:
         with open(out / "rounds.csv") as f:
             walls = [float(r["wall_s"]) for r in csv.DictReader(f)]
     network = summary.get("network") or {}
-    steady = (walls[-1] - walls[0]) / (len(walls) - 1) if len(walls) > 1 else float("nan")
+    steady = (walls[-1] - walls[0]) / (len(walls) - 1) if len(walls) > 1 else None  # (JSON has no NaN)
     return {"clients": clients, "per_round": per_round, "transport": transport, "wall_s_per_round": steady,
             "events_per_s": network.get("events_per_s"), "pss_gib": summary["peak_pss_mib"] / 1024,
             "first_round_s": walls[0] if walls else None, "wall_s": wall, "rounds": len(walls),
@@ -85,7 +85,7 @@ def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s:
 def growth_exponent(cases: list[dict], per_round: int, key: str = "wall_s_per_round") -> float | None:
     """g in key ~ N^g over the completed cases at `per_round`, a least-squares fit in log-log."""
     points = [(math.log(c["clients"]), math.log(c[key])) for c in cases
-              if c["per_round"] == per_round and c["status"] == "completed" and c[key] > 0]
+              if c["per_round"] == per_round and c["status"] == "completed" and (c[key] or 0) > 0]
     if len(points) < 2:
         return None
     mx = sum(x for x, _ in points) / len(points)
@@ -121,7 +121,8 @@ def main() -> None:
                       flush=True)
             else:
                 first = f"{case['first_round_s']:6.1f} s" if case["first_round_s"] is not None else "not reached"
-                print(f"N = {clients:>7,}  P = {per_round:>5,}  {case['wall_s_per_round']:6.2f} s/round  "
+                per_round_s = f"{case['wall_s_per_round']:6.2f}" if case["wall_s_per_round"] is not None else "     -"
+                print(f"N = {clients:>7,}  P = {per_round:>5,}  {per_round_s} s/round  "
                       f"first round at {first}  whole run {case['wall_s']:6.1f} s ({case['status']}, "
                       f"{case['rounds']} rounds)  {case['events'] or 0:>9,} events  {case['events_per_s'] or 0:7.0f} events/s  "
                       f"{case['pss_gib']:.2f} GiB PSS", flush=True)
