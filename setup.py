@@ -4,7 +4,8 @@ rebalance of the flow model (emulator/flows/_flowfill.c), one-pass L1 norms and 
 starting state of numpy's seeded generators (node/_seeding.c).
 Optional: without a C compiler the install goes on and the codecs use their numpy path, the flow
 model its Python filling and rebalance (the same bytes and numbers), the norms torch's float64 reductions
-(the same to about 1e-15), the pool torch's ops (the same numbers), the seeded generators numpy's SeedSequence (the same state)."""
+(the same to about 1e-15), the pool torch's ops (the same numbers), the seeded generators numpy's
+SeedSequence (the same state)."""
 from setuptools import Extension, setup
 
 # the same float operations in the same order as the Python paths: no contraction into FMAs

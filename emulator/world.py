@@ -242,10 +242,12 @@ def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: lis
                     ref, mean = traces.assign(spec, f"population.links[{links[i]}].{direction}_trace", i, direction)
                     traced[(direction, profile.name)] = ref
                     up, down = (mean, down) if direction == "up" else (up, mean)
-        fields = (up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms))
+        fields = (up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms),
+                  dev.congestion_control)
         # clients with the same link share one (frozen) Link: it travels to the network once
-        link = shared_links.setdefault((*fields, dev.congestion_control),
-                                       Link(*fields, congestion_control=dev.congestion_control))
+        link = shared_links.get(fields)
+        if link is None:
+            link = shared_links[fields] = Link(*fields)
         spec = _device_spec(sc, i, dev, lk.name, behaviour, drawing([sc.seed, i, 0xD1]))
         clients.append(ClientInfo(profile, i * hosts // n, dev.name, lk.name, link, spec))
     return clients, traced

@@ -5,7 +5,7 @@ in one period, a device's profile), so that no draw depends on the order in whic
 process: `np.random.default_rng([seed, ...])`. numpy makes such a generator in about 9.5 us, and
 holds it in about 1 KB. Here:
 - `pcg64_start(entropy)`: the state default_rng(entropy) starts in, (state, inc) of its PCG64,
-  computed by node/_seeding.c (about 0.3 us) or, where that is not built, read from numpy's own
+  computed by node/_seeding.c (about 0.15 us) or, where that is not built, read from numpy's own
   generator (the same integers: tests/test_seeding.py);
 - a *parked* stream is that state as a tuple (state, inc, has_uint32, uinteger): what a long-lived
   stream keeps between its draws (a device's availability, a lossy flow's losses);

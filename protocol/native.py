@@ -2,8 +2,8 @@
 
 setup.py builds five optional C modules (the codec kernels, the flow model's filling and rebalance,
 DP training's norms and noise, the CNN's fused ReLU and pool, the start state of seeded
-generators). Each has a Python, numpy or torch path that gives the same bytes and numbers, so a module that is missing (no C compiler at install)
-only makes the run slower. Every user of compiled code asks `compiled(name)` for its module and
+generators). Each has a Python, numpy or torch path that gives the same bytes and numbers, so a
+module that is missing (no C compiler at install) only makes the run slower. Every user of compiled code asks `compiled(name)` for its module and
 gets None where the Python path must run: the module is not built, or EMULATOR_PURE_PYTHON=1 asks
 for the Python paths everywhere (to compare them, or to rule the compiled code out of a problem)."""
 from __future__ import annotations

@@ -18,7 +18,7 @@ The transport is the scenario's (tcp, the default, with the incremental solver);
 runs the same cases with the fluid model instead, for comparison.
 
 --limit-s S stops each run at S wall seconds (SIGTERM: the run writes its files, status
-"interrupted"), and the case reports what it reached (first_round_s null where round 0 did not
+"terminated"), and the case reports what it reached (first_round_s null where round 0 did not
 end); growth exponents use completed runs only. --million runs the issue's case alone: N =
 1,000,000, P = 10,000, 5 rounds, stopped at 900 s (15 minutes).
 
@@ -58,9 +58,11 @@ def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s:
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "emulator", "run", str(SCENARIO), "--plain", "--out", str(out), *args],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        stopped = False
         try:
             _, err = proc.communicate(timeout=limit_s)
         except subprocess.TimeoutExpired:
+            stopped = True
             proc.terminate()  # the conductor stops every process and writes the run's files
             try:
                 _, err = proc.communicate(timeout=STOP_GRACE_S)
@@ -69,7 +71,7 @@ def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s:
                 _, err = proc.communicate()
         wall = time.perf_counter() - start
         summary_path = out / "summary.json"
-        if not summary_path.exists() or (proc.returncode != 0 and limit_s is None):
+        if not summary_path.exists() or (proc.returncode != 0 and not stopped):
             sys.exit(f"the run at N = {clients}, P = {per_round} failed:\n{err[-3000:]}")
         summary = json.loads(summary_path.read_text())
         with open(out / "rounds.csv") as f:
