@@ -114,8 +114,9 @@ def test_a_scenario_names_its_congestion_control():
 def test_reno_halves_on_loss_and_regrows_one_segment_per_rtt(rebalance):
     """Reno, the second registered congestion control: no queue, so slow start leaves at the
     window of the round that outlasted the RTT (80 segments: the BDP is 67); a loss at the 500th
-    segment halves it to 40 (CUBIC would keep 0.7 of it); then the window grows by one segment per
-    RTT, in rate steps on whole RTTs each 5 % of growth, until it covers the path again."""
+    segment halves it to 40 (CUBIC would keep 0.7 of it); it holds through the recovery (one RTT);
+    then the window grows by one segment per RTT, in rate steps on whole RTTs each 5 % of growth,
+    until it covers the path again."""
     rtt = 0.1 + SEG / 8e6
     fm = FlowModel({LINK: 8e6}, TcpTransport(TcpParams(congestion_control="reno")), queue_s={LINK: 0.0})
     due = {fid: (t, v) for fid, t, v in fm.add("f", 3000 * SEG, [LINK], connection="c", rtt=0.1, seg_bits=SEG,
@@ -134,11 +135,12 @@ def test_reno_halves_on_loss_and_regrows_one_segment_per_rtt(rebalance):
     assert steps[loss_at - 1][2] == 80 and w_after == pytest.approx(40)
     assert rate_after == pytest.approx(40 * SEG / rtt)
     assert fm.transport.connections["c"].ssthresh == pytest.approx(40)
-    # the first step keeps 40 until the window is 5 % larger: 2 segments, 2 RTTs on (1 a RTT)
+    # the first step keeps 40 through the recovery and until the window is 5 % larger: 2 segments,
+    # 2 RTTs after the recovery's (1 a RTT)
     regrowth = steps[loss_at:]
-    assert regrowth[1][0] == pytest.approx(t_loss + 2 * rtt, abs=1e-9)
-    # each later step sends with the mean of the line 40 + (t - t_loss) / RTT at its two ends
-    line = lambda t: 40 + (t - t_loss) / rtt  # noqa: E731
+    assert regrowth[1][0] == pytest.approx(t_loss + 3 * rtt, abs=1e-9)
+    # each later step sends with the mean of the line 40 + (t - t_loss - RTT) / RTT at its two ends
+    line = lambda t: 40 + (t - t_loss - rtt) / rtt  # noqa: E731
     checked = 0
     for (t0, rate, w), (t1, _, _) in zip(regrowth[1:], regrowth[2:]):
         if rate >= 8e6:

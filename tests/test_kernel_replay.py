@@ -145,7 +145,8 @@ def test_several_flows_replayed_against_recorded_kernel_times():
     """Five flows started together through one 20 Mbit/s bottleneck (30 ms one way, 100 ms of
     queue, 6.65 MB each; tools/validation/kernel_flows5.jsonl): BBR, loss-free and at 0.5 % loss,
     and CUBIC loss-free within [0.90, 1.10] of the kernel at every rank. CUBIC at 0.5 % loss is the
-    known bias (docs/2026-12-06-bbr.md: shared loss episodes are not modelled), held to its bounds."""
+    known bias (docs/2026-12-07-shared-loss.md: 0.88-0.96 by rank since the window waits for the
+    recovery's end), held to its bounds."""
     class Args:
         seed = 1
 
@@ -156,7 +157,7 @@ def test_several_flows_replayed_against_recorded_kernel_times():
         Args.cc = rec["cc"]
         new = vs.flows_record(case, rec["flows"], rec["kernel_runs"], Args, vs.TUN_FRAMING,
                               vs.TcpParams(congestion_control=rec["cc"]))
-        lo, hi = (0.75, 1.0) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
+        lo, hi = (0.85, 1.0) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
         assert all(lo <= r <= hi for r in new["ratios"]), (rec["cc"], rec["loss"], new["ratios"])
 
 

@@ -169,8 +169,9 @@ def test_a_loss_the_queue_covers_costs_only_its_segment():
 
 def test_a_loss_the_queue_cannot_cover_holds_the_rate_below_the_link():
     # No queue: slow start ends with the window of the round that outlasted the RTT (80 segments;
-    # the BDP is 67). A loss cuts it to 56, below the BDP, so for the next RTT the flow sends at
-    # 56 segments per RTT; then CUBIC regrows the window once per RTT until it covers the path.
+    # the BDP is 67). A loss cuts it to 56, below the BDP, so the flow sends at 56 segments per RTT
+    # through the recovery (one RTT, no growth) and after; then CUBIC regrows the window, its curve
+    # starting when the recovery ends, until it covers the path.
     rtt = 0.1 + SEG / 8e6
     fm = FlowModel({LINK: 8e6}, TcpTransport(), queue_s={LINK: 0.0})
     due = {fid: (t, v) for fid, t, v in fm.add("f", 3000 * SEG, [LINK], connection="ab", rtt=0.1, seg_bits=SEG,
@@ -181,12 +182,13 @@ def test_a_loss_the_queue_cannot_cover_holds_the_rate_below_the_link():
     assert steps[loss_at - 1][2] == 80
     # the loss is the 500th segment: 70 went in slow start's first three rounds, 430 at line rate
     assert t_loss == pytest.approx(3 * rtt + 429.5 * SEG / 8e6, abs=1e-9)
-    # CUBIC regrows from 56 (W_max 80): the first rate step sends with 56 until, k whole RTTs on,
-    # the window is 5 % larger; each later step sends with the mean window of its two ends
+    # CUBIC regrows from 56 (W_max 80) from the recovery's end, one RTT after the loss: the first
+    # rate step sends with 56 until, k whole RTTs after that, the window is 5 % larger; each later
+    # step sends with the mean window of its two ends
     assert w_after == pytest.approx(56) and rate_after == pytest.approx(56 * SEG / rtt)
     k = next(k for k in range(1, 65) if cubic_window(k * rtt, 80, 56, rtt) >= 56 * 1.05)
     regrowth = steps[loss_at:]
-    assert regrowth[1][0] == pytest.approx(t_loss + k * rtt, abs=1e-9)
+    assert regrowth[1][0] == pytest.approx(t_loss + (1 + k) * rtt, abs=1e-9)
     gaps = [(b[0] - a[0]) / rtt for a, b in zip(regrowth, regrowth[1:])]
     assert all(abs(g - round(g)) < 1e-6 and round(g) >= 1 for g in gaps)  # steps fall on whole RTTs
     assert all(b[2] > a[2] and b[1] > a[1] for a, b in zip(regrowth, regrowth[1:]))

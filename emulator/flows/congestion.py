@@ -11,8 +11,10 @@ the window does:
 - `window`: the congestion-avoidance window at a time;
 - `on_window_limited` and `on_ca_round`: the window began to hold the flow's rate down, and an
   ACK-clocked round of congestion avoidance ended while it still does (the window grows);
-- `on_loss`: a congestion event (the new window and ssthresh, ns-3's GetSsThresh); a control whose
-  `loss_ends_slow_start` is False (BBR) keeps its phase, its round and its rate through it;
+- `on_loss`: a congestion event (the new window and ssthresh, ns-3's GetSsThresh); the transport
+  has set `st.recovery_until`, the end of the recovery that follows (one RTT), and Linux does not
+  grow the window before it (tcp_cong_control calls cong_avoid only outside CWR and Recovery); a
+  control whose `loss_ends_slow_start` is False (BBR) keeps its phase, its round and its rate through it;
 - `on_flow_start`: a flow begins sending on the connection (after the transport chose its phase);
 - `on_wakeup`: the time the control asked for in `st.wakeup` has come, whatever limits the flow
   (BBR's gain cycle and its min-RTT probe); INF (the default) asks for nothing.
@@ -134,7 +136,7 @@ class CongestionControl:
 
     def on_loss(self, st: Any, now: float, cwnd: float) -> float:
         """A congestion event seen with window `cwnd`: the new window (the transport makes it the
-        ssthresh as well)."""
+        ssthresh as well). The window does not grow before `st.recovery_until`."""
         raise NotImplementedError
 
 
@@ -159,10 +161,10 @@ class GrowingWindow(CongestionControl):
     order. It overshoots what covers the path by at most one step."""
 
     def on_window_limited(self, st: Any, now: float) -> None:
-        """Growth resumes from here; the rate was just set from the window as it is, so the first
-        step keeps it."""
+        """Growth resumes from here, or from the end of a recovery still under way; the rate was
+        just set from the window as it is, so the first step keeps it."""
         cc = st.conn.cc
-        cc.epoch = now
+        cc.epoch = max(now, st.recovery_until)
         cc.origin = st.conn.cwnd
         self.growth_step(st, now, mean=False)
 
@@ -174,12 +176,14 @@ class GrowingWindow(CongestionControl):
         rwnd = receive_window(self.p, st.mss)
         rtt = st.rtt  # the queues do not move during this call
         start = max(conn.cwnd, min(self.window(st, now, rtt), rwnd)) if now > conn.cc.epoch else conn.cwnd
+        # the steps fall on whole RTTs from when the window may grow (after a recovery, its end)
+        base = max(now, conn.cc.epoch)
         end, k = start, 0
         while k < 64 and end < start * (1 + self.p.growth_step) and end < rwnd:
             k += 1
-            end = min(self.window(st, now + k * rtt, rtt), rwnd)
+            end = min(self.window(st, base + k * rtt, rtt), rwnd)
         conn.cwnd = max(start, (start + end) / 2) if mean else start
-        st.round_end = now + max(1, k) * rtt
+        st.round_end = base + max(1, k) * rtt
 
 
 @CONGESTION_CONTROLS.register("cubic")
@@ -231,7 +235,7 @@ class Cubic(GrowingWindow):
         cc = st.conn.cc
         new, cc.w_max = after_loss(cwnd, cc.w_max, self.p.beta)
         cc.origin = new
-        cc.epoch = now
+        cc.epoch = max(now, st.recovery_until)  # the curve starts when the recovery ends
         return new
 
 
@@ -265,7 +269,7 @@ class Reno(GrowingWindow):
     def on_loss(self, st: Any, now: float, cwnd: float) -> float:
         new = max(2.0, cwnd / 2.0)
         st.conn.cc.origin = new
-        st.conn.cc.epoch = now
+        st.conn.cc.epoch = max(now, st.recovery_until)  # no growth before the recovery ends
         return new
 
 

@@ -23,7 +23,11 @@ it send:
 - Random loss: the segments between two losses are drawn from a geometric law (seeded by the
   transfer). A loss costs its segment again (the flow's bits grow by one segment) and, once per
   recovery episode (one RTT), cuts W to beta*W (fast convergence as in Linux); in slow start W is
-  the window the ACKs of the round's segments before the lost one have grown it to. While beta*W still
+  the window the ACKs of the round's segments before the lost one have grown it to. The window
+  grows again only when the recovery has ended, one RTT after the cut (Linux grows it neither in
+  Recovery nor in CWR). The cut itself comes at the loss, not one RTT later when the kernel
+  detects it (measured: with that delay too the model comes out faster, not slower; see
+  docs/2026-12-07-shared-loss.md). While beta*W still
   covers the flow's share of the path (the queue absorbs the cut) the link stays busy and the loss
   costs only its bytes. A loss delays the end of the transfer only near its tail: the last byte
   cannot leave before the retransmission does, one RTT after the loss when at least three segments
