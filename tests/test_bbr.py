@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from emulator.flows.bbr import (BbrState, after_probe, plateau, probe_window, startup_window)
+from emulator.flows.bbr import (BbrState, after_probe, count_rounds, plateau, probe_window, startup_window,
+                                windowed_max)
 from emulator.flows.congestion import CONGESTION_CONTROLS
 from emulator.flows.links import FlowModel, simulate
 from emulator.flows.transport import TcpParams, TcpTransport
@@ -54,19 +55,38 @@ def test_startup_window_grows_by_what_is_acknowledged_below_its_target():
 
 def test_the_probe_phase_finds_room_or_follows_the_share_down():
     # room: delivered at 1.25x the estimate, which grows by 25 % and paces the 0.75 phase at 0.75 of it
-    state = BbrState(btlbw=100.0, rate_before_probe=100.0)
+    state = BbrState(btlbw=100.0, samples=[(0.0, 100.0)])
     assert after_probe(state, 125.0) == pytest.approx(93.75) and state.btlbw == 125.0
     # held at 100 by the link: the probe queued 25 per second, which the 0.75 phase's link delivers
-    state = BbrState(btlbw=100.0, rate_before_probe=100.0)
+    state = BbrState(btlbw=100.0, samples=[(0.0, 100.0)])
     assert after_probe(state, 100.0) == pytest.approx(100.0) and state.btlbw == 100.0
-    # the share fell to 60 a cycle ago: the estimate follows it
-    state = BbrState(btlbw=100.0, rate_before_probe=60.0, rtprop=1.0)
-    after_probe(state, 60.0, round_bits=1.0)
-    assert state.btlbw == 60.0
-    # an outage (less than a segment per min-RTT delivered): no round passed, the estimate stays
-    state = BbrState(btlbw=100 * SEG, rate_before_probe=1e3, rtprop=0.1)
-    after_probe(state, 1e3, round_bits=SEG)
-    assert state.btlbw == 100 * SEG
+    # the share fell to 60: the estimate keeps 100 while its sample is within 10 rounds, then follows
+    state = BbrState(btlbw=100.0, samples=[(0.0, 100.0)], rounds=9.5)
+    after_probe(state, 60.0)
+    assert state.btlbw == 100.0
+    state.rounds = 10.5
+    assert windowed_max(state, 60.0) == 60.0 and state.samples == [(10.5, 60.0)]
+
+
+def test_the_filter_keeps_falling_samples_within_its_rounds():
+    state = BbrState()
+    for rounds, sample, best in ((0, 50.0, 50.0), (1, 80.0, 80.0), (2, 70.0, 80.0), (3, 60.0, 80.0), (11.5, 65.0, 70.0),
+                                 (12.5, 10.0, 65.0), (21, 5.0, 65.0), (22, 4.0, 10.0)):
+        state.rounds = float(rounds)
+        assert windowed_max(state, sample) == best, rounds
+    # (a sample exactly 10 rounds old still counts, as in Linux's minmax; at 11.5 the one of round 1 is out)
+    # only samples that could still become the maximum are kept: falling, within the window
+    assert state.samples == [(12.5, 10.0), (21.0, 5.0), (22.0, 4.0)]
+
+
+def test_rounds_last_the_rtt_as_it_is_and_an_outage_passes_none():
+    state = BbrState()
+    count_rounds(state, 1.0, 1e6, 0.04, SEG)  # 25 rounds of a 40 ms RTT
+    assert state.rounds == pytest.approx(25.0)
+    count_rounds(state, 1.0, 1e6, 0.5, SEG)  # a fade: the window waits in the queue, the RTT is 500 ms
+    assert state.rounds == pytest.approx(27.0)
+    count_rounds(state, 1.0, 0.5 * SEG, 0.04, SEG)  # an outage: not a segment delivered
+    assert state.rounds == pytest.approx(27.0)
 
 
 # ---- a flow, by hand -------------------------------------------------------------------------------
@@ -150,6 +170,32 @@ def test_the_min_rtt_probe_every_ten_seconds_costs_an_rtt_and_200_ms_at_four_seg
 
 
 # ---- the sender's congestion control --------------------------------------------------------------
+def fade_run(tmp_path, fade_s: float) -> tuple[float, float]:
+    """9,000 segments over a traced link of 1,000 segments a second that fades to 100 a second at
+    4 s for `fade_s` (40 ms RTT, 100 ms of buffer): (arrival, the arrival at full use of the trace)."""
+    from emulator.flows.traces import TraceRates, TraceRef
+
+    trace = tmp_path / f"fade{fade_s}.txt"
+    trace.write_text(f"0 12.112\n4 1.2112\n{4 + fade_s} 12.112\n")
+    rates = TraceRates({LINK: TraceRef(str(trace), loop=False)})
+    fm = FlowModel({}, TcpTransport(TcpParams(congestion_control="bbr")), queue_s={LINK: 0.1})
+    (_, arrival), = simulate(fm, [dict(start=0.0, bits=9000 * SEG, path=[LINK], latency=0.02, connection="c", rtt=0.04,
+                                       seg_bits=SEG)], traces=rates)
+    return arrival, 4 + fade_s + (9000 - 4000 - 100 * fade_s) / 1000 + 0.02
+
+
+def test_a_short_fade_keeps_the_estimate_and_a_long_one_loses_it(tmp_path):
+    """While the fade holds the flow back, its window waits in the queue (RTT up to 140 ms), so 10
+    rounds last about 1.4 s: after a fade of 0.5 or 1 s the flow paces at the old rate at once and
+    ends within one RTT of full use of the trace (it ended 2.3-2.5 s late when the estimate forgot
+    the old rate within a cycle); after 3 s it followed the fade down and regrows 25 % per cycle."""
+    for fade in (0.5, 1.0):
+        arrival, ideal = fade_run(tmp_path, fade)
+        assert ideal <= arrival <= ideal + 0.06, fade
+    arrival, ideal = fade_run(tmp_path, 3.0)
+    assert arrival > ideal + 1.0
+
+
 def test_each_connection_runs_its_senders_congestion_control():
     transport = TcpTransport(TcpParams())
     assert type(transport.connection("down", "bbr").control).__name__ == "Bbr"

@@ -16,10 +16,14 @@ What Linux does, and what the flow model makes of it:
   held back keeps its rate, and one that had room delivers 1.25 then 0.75 of its estimate, as
   Linux's does).
 - Probe bandwidth: eight phases of one min-RTT each, pacing gains 1.25, 0.75, then 1 six times;
-  the window is 2 BDP (+3 segments for TSO quantization). The estimate after the 1.25 phase is
-  the larger of its delivery rate and the rate of the phases before it (Linux's max filter spans
-  10 rounds, so it forgets a rate within about one cycle): a flow that gets room grows 25 % per
-  cycle, one that loses room follows its share down within a cycle.
+  the window is 2 BDP (+3 segments for TSO quantization). The estimate is the maximum of the
+  delivery rates sampled over the last 10 rounds (Linux's windowed max filter), a sample at each
+  phase's end: a flow that gets room grows 25 % per cycle, one that loses room follows its share
+  down once 10 rounds have passed. Linux counts rounds in deliveries (a round ends when a segment
+  sent after it began is acknowledged), so a round lasts the RTT as it is, queueing included: when
+  a fade holds the flow back and its window waits in the bottleneck's queue, rounds pass slowly
+  and the estimate keeps the rate from before the fade for longer (in an outage, where nothing is
+  delivered, no round passes at all).
 - Probe RTT: when 10 s have passed without a lower RTT sample (here: since the connection's first
   sample or the last probe), the window is 4 segments for 200 ms after what was in flight
   drained (one RTT), then back to probing bandwidth. Linux skips it when a flow restarts from idle
@@ -41,7 +45,7 @@ overflow in startup."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .congestion import CONGESTION_CONTROLS, INF, CongestionControl, receive_window
@@ -53,6 +57,7 @@ DRAIN_PHASE_GAIN = 0.75
 STEADY_PHASES = 6
 FULL_BW_GROWTH = 1.25  # the estimate must grow this much ...
 FULL_BW_ROUNDS = 3  # ... within this many rounds, or startup ends
+BW_FILTER_ROUNDS = 10.0  # the estimate is the maximum delivery rate over this many rounds (bbr_bw_rtts)
 MIN_RTT_WINDOW_S = 10.0  # an RTT sample this old triggers a min-RTT probe
 PROBE_RTT_S = 0.2  # the probe holds the window at MIN_CWND this long, after one RTT of draining
 MIN_CWND = 4.0  # segments
@@ -72,7 +77,9 @@ class BbrState:
     full_bw_rounds: int = 0  # startup: rounds since then
     filled: bool = False  # startup found the plateau: the connection probes bandwidth from now on
     cycle: int = STEADY  # the probe-bandwidth phase
-    rate_before_probe: float = 0.0  # the flow's rate when the 1.25 phase began
+    rounds: float = 0.0  # rounds counted in deliveries since the connection began (the filter's clock)
+    samples: list = field(default_factory=list)  # the filter: (round, rate), rates falling, within its window
+    phase_start: float = 0.0  # when the probe-bandwidth phase now running began
     probe_rtt_until: float = -INF  # while now < this, the window is MIN_CWND
     saved_cwnd: float = 0.0  # the window the min-RTT probe restores
     conserving: bool = False  # startup: a loss began recovery, so this round's ACKs do not grow the window
@@ -95,7 +102,8 @@ def plateau(state: BbrState, sample: float) -> None:
     """One startup round's delivery-rate sample: the estimate is the samples' maximum, and the pipe
     is full once FULL_BW_ROUNDS rounds in a row have not grown it by FULL_BW_GROWTH
     (bbr_check_full_bw_reached)."""
-    state.btlbw = max(state.btlbw, sample)
+    state.rounds += 1.0
+    state.btlbw = max(state.btlbw, windowed_max(state, sample))
     if state.btlbw >= state.full_bw * FULL_BW_GROWTH:
         state.full_bw = state.btlbw
         state.full_bw_rounds = 0
@@ -104,16 +112,34 @@ def plateau(state: BbrState, sample: float) -> None:
     state.filled = state.full_bw_rounds >= FULL_BW_ROUNDS
 
 
-def after_probe(state: BbrState, delivered: float, round_bits: float = 0.0) -> float:
-    """The 1.25 phase ended having delivered at `delivered` bit/s: the new estimate (the max filter
-    over the last cycle), and the 0.75 phase's pacing rate (0.75 of it plus what the 1.25 phase
-    left queued, which the link delivers meanwhile). Linux counts the filter's 10 rounds in
-    deliveries: where the cycle delivered less than `round_bits` (a segment) per min-RTT, as in an
-    outage, no round passed and the estimate stays."""
-    before = state.btlbw
-    queued = max(0.0, PROBE_GAIN * before - delivered)  # bits per second of the phase
-    rounds_passed = state.rate_before_probe * state.rtprop >= round_bits
-    state.btlbw = max(delivered, min(before, state.rate_before_probe) if rounds_passed else before)
+def windowed_max(state: BbrState, sample: float) -> float:
+    """Add a delivery-rate sample at the current round to the filter and return the maximum over the
+    last BW_FILTER_ROUNDS rounds. The filter keeps its samples in falling order (a sample hides every
+    older one it is not below), so the oldest kept is the maximum and the list stays short."""
+    samples = state.samples
+    while samples and samples[-1][1] <= sample:
+        samples.pop()
+    samples.append((state.rounds, sample))
+    horizon = state.rounds - BW_FILTER_ROUNDS
+    while samples[0][0] < horizon:
+        samples.pop(0)
+    return samples[0][1]
+
+
+def count_rounds(state: BbrState, elapsed: float, rate: float, rtt: float, round_bits: float) -> None:
+    """A phase of `elapsed` seconds ended in which the flow delivered at `rate` over an RTT of `rtt`
+    (queueing included): the rounds that passed. Where less than `round_bits` (a segment) was
+    delivered, as in an outage, no round passed."""
+    if rate * elapsed >= round_bits and rtt > 0:
+        state.rounds += elapsed / rtt
+
+
+def after_probe(state: BbrState, delivered: float) -> float:
+    """The 1.25 phase ended having delivered at `delivered` bit/s (its rounds counted): the new
+    estimate (the filter's maximum), and the 0.75 phase's pacing rate (0.75 of it plus what the
+    1.25 phase left queued, which the link delivers meanwhile)."""
+    queued = max(0.0, PROBE_GAIN * state.btlbw - delivered)  # bits per second of the phase
+    state.btlbw = windowed_max(state, delivered)
     return DRAIN_PHASE_GAIN * state.btlbw + queued
 
 
@@ -169,6 +195,7 @@ class Bbr(CongestionControl):
     def _steady(self, st: Any, now: float) -> None:
         """Pace at the estimate in the cycle's steady phase, and wake at its end."""
         cc = st.conn.cc
+        cc.phase_start = now
         self._probe_cwnd(st)
         st.pacing = cc.btlbw if cc.cycle != PROBE else PROBE_GAIN * cc.btlbw
         if cc.cycle == DRAIN_PHASE:
@@ -208,17 +235,21 @@ class Bbr(CongestionControl):
             st.wakeup = cc.probe_rtt_until
             return
         rate = st.flow_rate
+        count_rounds(cc, now - cc.phase_start, rate, st.rtt, st.seg_bits)
+        cc.phase_start = now
         if cc.cycle == STEADY:  # the 1.25 phase begins
-            cc.rate_before_probe = rate
+            cc.btlbw = windowed_max(cc, rate)
             cc.cycle = PROBE
             st.pacing = PROBE_GAIN * cc.btlbw
+            self._probe_cwnd(st)
             self._wake(st, now, now + cc.rtprop)
         elif cc.cycle == PROBE:  # the 0.75 phase: what the probe left queued keeps the link busy
-            st.pacing = after_probe(cc, rate, st.seg_bits)
+            st.pacing = after_probe(cc, rate)
             cc.cycle = DRAIN_PHASE
             self._probe_cwnd(st)
             self._wake(st, now, now + cc.rtprop)
         else:
+            cc.btlbw = windowed_max(cc, rate)
             cc.cycle = STEADY
             self._steady(st, now)
 
