@@ -142,23 +142,27 @@ def test_the_model_side_of_several_flows_shares_the_bottleneck(cc):
 
 
 def test_several_flows_replayed_against_recorded_kernel_times():
-    """Five flows started together through one 20 Mbit/s bottleneck (30 ms one way, 100 ms of
-    queue, 6.65 MB each; tools/validation/kernel_flows5.jsonl): BBR, loss-free and at 0.5 % loss,
-    and CUBIC loss-free within [0.90, 1.10] of the kernel at every rank. CUBIC at 0.5 % loss is the
-    known bias (docs/2026-12-07-shared-loss.md: 0.88-0.96 by rank since the window waits for the
-    recovery's end), held to its bounds."""
+    """K flows started together through one bottleneck, 6.65 MB each (tools/validation/
+    kernel_flows5.jsonl: five through 20 Mbit/s, 30 ms one way; kernel_flows10.jsonl: ten through 50
+    Mbit/s, 50 ms; 100 ms of queue): loss-free and lossy (0.5 %, 1 %) BBR and loss-free CUBIC within
+    [0.90, 1.10] of the kernel at every rank. Lossy CUBIC is the known gap (docs/2026-12-07-shared-
+    loss.md: 0.87-1.12 by rank), held to bounds of its own."""
     class Args:
         seed = 1
 
-    for line in (REPO / "tools" / "validation" / "kernel_flows5.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        case = dict(rate=rec["rate_mbps"], delay=rec["delay_ms"], loss=rec["loss"], queue=rec["queue_ms"],
-                    size=rec["payload_bytes"])
-        Args.cc = rec["cc"]
-        new = vs.flows_record(case, rec["flows"], rec["kernel_runs"], Args, vs.TUN_FRAMING,
-                              vs.TcpParams(congestion_control=rec["cc"]))
-        lo, hi = (0.85, 1.0) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
-        assert all(lo <= r <= hi for r in new["ratios"]), (rec["cc"], rec["loss"], new["ratios"])
+    seen = set()
+    for name in ("kernel_flows5.jsonl", "kernel_flows10.jsonl"):
+        for line in (REPO / "tools" / "validation" / name).read_text().splitlines():
+            rec = json.loads(line)
+            case = dict(rate=rec["rate_mbps"], delay=rec["delay_ms"], loss=rec["loss"], queue=rec["queue_ms"],
+                        size=rec["payload_bytes"])
+            Args.cc = rec["cc"]
+            new = vs.flows_record(case, rec["flows"], rec["kernel_runs"], Args, vs.TUN_FRAMING,
+                                  vs.TcpParams(congestion_control=rec["cc"]))
+            lo, hi = (0.85, 1.15) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
+            assert all(lo <= r <= hi for r in new["ratios"]), (rec["flows"], rec["cc"], rec["loss"], new["ratios"])
+            seen.add((rec["flows"], rec["cc"], rec["loss"]))
+    assert seen >= {(k, cc, loss) for k in (5, 10) for cc in ("cubic", "bbr") for loss in (0.0, 0.005, 0.01)}
 
 
 def test_trace_cases_replayed_against_recorded_kernel_times():
