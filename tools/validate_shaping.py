@@ -278,20 +278,30 @@ def emulated_flow_times(size: int, rate_bps: float, delay_s: float, loss: float,
 
 def model_windows(size: int, rate_bps: float, delay_s: float, loss: float, queue_s: float, k: int, framing: Framing,
                   params: TcpParams, seed: int = 0) -> dict:
-    """One draw of the model's K flows, watched at every rebalance: the time-weighted mean of the
-    flows' total window (segments) and of the link's use, to set beside the kernel's (WindowSampler)."""
+    """One draw of the model's K flows, watched after every rebalance and every flow event (a window
+    step or a cut that moves no other flow's rate changes its flow without a rebalance): the
+    time-weighted mean of the flows' total window (segments) and of the link's use, to set beside
+    the kernel's (WindowSampler)."""
     up_a = ("up", "a")
     model = FlowModel({up_a: rate_bps}, TcpTransport(params), queue_s={up_a: queue_s})
     samples: list[tuple[float, float, float]] = []
-    rebalance = model._rebalance
+    rebalance, fire = model._rebalance, model.fire
 
-    def watched(force=None):
-        changed = rebalance(force)
+    def sample() -> None:
         flows = [f for f in model.flows.values() if f.active]
         samples.append((model.t, sum(f.tcp.conn.cwnd for f in flows), sum(f.rate for f in flows if f.rate < float("inf"))))
+
+    def watched_rebalance(force=None):
+        changed = rebalance(force)
+        sample()
         return changed
 
-    model._rebalance = watched
+    def watched_fire(fid):
+        out = fire(fid)
+        sample()
+        return out
+
+    model._rebalance, model.fire = watched_rebalance, watched_fire
     simulate(model, k_payloads(size, delay_s, loss, k, framing, seed, 0))  # the first repetition's draws
     span = samples[-1][0] - samples[0][0] if len(samples) > 1 else 0.0
     if span <= 0:
