@@ -160,11 +160,18 @@ class GrowingWindow(CongestionControl):
     mean of the window at both ends of the step, so the bits it moves match the curve's to second
     order. It overshoots what covers the path by at most one step."""
 
+    @staticmethod
+    def growth_resumes(st: Any, now: float) -> float:
+        """When a window that would grow from `now` may grow: not before the recovery under way has
+        ended (Linux grows it neither in Recovery nor in CWR). An epoch set at a loss or when the
+        window begins to limit the flow starts here."""
+        return max(now, st.recovery_until)
+
     def on_window_limited(self, st: Any, now: float) -> None:
         """Growth resumes from here, or from the end of a recovery still under way; the rate was
         just set from the window as it is, so the first step keeps it."""
         cc = st.conn.cc
-        cc.epoch = max(now, st.recovery_until)
+        cc.epoch = self.growth_resumes(st, now)
         cc.origin = st.conn.cwnd
         self.growth_step(st, now, mean=False)
 
@@ -235,7 +242,7 @@ class Cubic(GrowingWindow):
         cc = st.conn.cc
         new, cc.w_max = after_loss(cwnd, cc.w_max, self.p.beta)
         cc.origin = new
-        cc.epoch = max(now, st.recovery_until)  # the curve starts when the recovery ends
+        cc.epoch = self.growth_resumes(st, now)  # the curve starts when the recovery ends
         return new
 
 
@@ -269,7 +276,7 @@ class Reno(GrowingWindow):
     def on_loss(self, st: Any, now: float, cwnd: float) -> float:
         new = max(2.0, cwnd / 2.0)
         st.conn.cc.origin = new
-        st.conn.cc.epoch = max(now, st.recovery_until)  # no growth before the recovery ends
+        st.conn.cc.epoch = self.growth_resumes(st, now)
         return new
 
 
