@@ -414,6 +414,12 @@ class Testbed:
         found = re.search(r"dropped (\d+)", out)
         return int(found.group(1)) if found else 0
 
+    def tcp_counters(self) -> dict[str, int]:
+        """The sender's namespace's TCP counters that say how losses were recovered (nstat's totals)."""
+        out = subprocess.run(["ip", "netns", "exec", self.a, "nstat", "-asz"], capture_output=True, text=True).stdout
+        values = dict(line.split()[:2] for line in out.splitlines() if line and not line.startswith("#"))
+        return {name: int(values.get(name, 0)) for name in LOSS_COUNTERS}
+
     def unshape(self) -> None:
         """No tbf: a trace-driven delay line is the rate."""
         subprocess.run(["ip", "netns", "exec", self.a, "tc", "qdisc", "del", "dev", self.dev_a, "root"], capture_output=True)
@@ -422,6 +428,12 @@ class Testbed:
         self._stop_line()
         for ns in reversed(self.created):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+# recoveries (SACK), retransmission timeouts, tail-loss probes, retransmissions lost again
+LOSS_COUNTERS = ("TcpOutSegs", "TcpRetransSegs", "TcpExtTCPSackRecovery", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes",
+                 "TcpExtTCPLossProbeRecovery", "TcpExtTCPLostRetransmit", "TcpExtTCPSpuriousRTOs",
+                 "TcpExtTCPSackRecoveryFail", "TcpExtTCPFastRetrans", "TcpExtTCPSlowStartRetrans")
 
 
 def why_not_possible() -> str | None:
@@ -628,10 +640,13 @@ def main() -> int:
             if args.flows > 1:
                 drops = bed.qdisc_drops()
                 bed.line_report()  # the delay line's counters afresh
+                counted = bed.tcp_counters()
                 with WindowSampler(bed) as windows:
                     runs = measure_flows(bed, case["size"], reps, args.pause, args.flows)
+                after = bed.tcp_counters()
                 rec = flows_record(case, args.flows, runs, args, framing, params)
                 rec["kernel_windows"] = windows.summary()
+                rec["kernel_counters"] = {name: after[name] - counted[name] for name in LOSS_COUNTERS}
                 rec["model_windows"] = model_windows(case["size"], case["rate"] * 1e6, case["delay"] / 1000, case["loss"],
                                                      case["queue"] / 1000, args.flows, framing, params, args.seed)
                 # where the losses came from: the delay line's random draws, or the queue overflowing
