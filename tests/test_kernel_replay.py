@@ -25,13 +25,16 @@ GRID = REPO / "tools" / "validation" / "kernel_grid.jsonl"
 #   tools/validation/kernel_reruns.jsonl). The model's ratio to such a median lands on either side.
 # Each is held to a bound of its own, so that the model cannot drift further there unnoticed.
 IDLE_AT_300_MS_RTT = [(5.0, 150.0, 0.0, 50.0, 1048576, 1.0, "tcp"), (100.0, 150.0, 0.0, 50.0, 1048576, 1.0, "tcp")]
+# (Since windows are whole segments, 100/10/1 %/1000 ms, 5/150/1 %/1000 ms and 100/150/1 %/1000 ms
+# on 1 MiB are inside the band and held to it; 100/10/0.1 %/50 ms and 20/40/0.1 %/1000 ms on 6.9 MB
+# and 100/150/1 %/50 ms on 1 MiB, with kernel times of 0.66-1.39, 3.2-6.1 and 3.0-12.5 s, left it.)
 BIMODAL_LOSSY = [
     (100.0, 40.0, 0.001, 50.0, 6920000, 0.0, "tcp"), (100.0, 150.0, 0.001, 50.0, 6920000, 0.0, "tcp"),
-    (100.0, 10.0, 0.01, 50.0, 1048576, 0.0, "tcp"), (100.0, 10.0, 0.01, 1000.0, 1048576, 0.0, "tcp"),
-    (5.0, 40.0, 0.01, 50.0, 1048576, 0.0, "tcp"), (20.0, 40.0, 0.01, 50.0, 1048576, 0.0, "tcp"),
-    (100.0, 40.0, 0.01, 1000.0, 1048576, 0.0, "tcp"), (5.0, 150.0, 0.01, 50.0, 1048576, 0.0, "tcp"),
-    (5.0, 150.0, 0.01, 1000.0, 1048576, 0.0, "tcp"), (100.0, 150.0, 0.01, 1000.0, 65536, 0.0, "tcp"),
-    (100.0, 150.0, 0.01, 1000.0, 1048576, 0.0, "tcp"),
+    (100.0, 10.0, 0.001, 50.0, 6920000, 0.0, "tcp"), (20.0, 40.0, 0.001, 1000.0, 6920000, 0.0, "tcp"),
+    (100.0, 10.0, 0.01, 50.0, 1048576, 0.0, "tcp"), (5.0, 40.0, 0.01, 50.0, 1048576, 0.0, "tcp"),
+    (20.0, 40.0, 0.01, 50.0, 1048576, 0.0, "tcp"), (100.0, 40.0, 0.01, 1000.0, 1048576, 0.0, "tcp"),
+    (5.0, 150.0, 0.01, 50.0, 1048576, 0.0, "tcp"), (100.0, 150.0, 0.01, 50.0, 1048576, 0.0, "tcp"),
+    (100.0, 150.0, 0.01, 1000.0, 65536, 0.0, "tcp"),
 ]
 KNOWN_OUTSIDE = {**dict.fromkeys(IDLE_AT_300_MS_RTT, (0.95, 1.10)), **dict.fromkeys(BIMODAL_LOSSY, (0.5, 2.0))}
 
@@ -146,7 +149,8 @@ def test_several_flows_replayed_against_recorded_kernel_times():
     kernel_flows5.jsonl: five through 20 Mbit/s, 30 ms one way; kernel_flows10.jsonl: ten through 50
     Mbit/s, 50 ms; 100 ms of queue): loss-free and lossy (0.5 %, 1 %) BBR and loss-free CUBIC within
     [0.90, 1.10] of the kernel at every rank. Lossy CUBIC is the known gap (docs/2026-12-07-shared-
-    loss.md: 0.87-1.12 by rank), held to bounds of its own."""
+    loss.md: 0.95-1.18 by rank, the fastest ranks of ten flows at 0.5 % slow), held to bounds of
+    its own."""
     class Args:
         seed = 1
 
@@ -159,7 +163,7 @@ def test_several_flows_replayed_against_recorded_kernel_times():
             Args.cc = rec["cc"]
             new = vs.flows_record(case, rec["flows"], rec["kernel_runs"], Args, vs.TUN_FRAMING,
                                   vs.TcpParams(congestion_control=rec["cc"]))
-            lo, hi = (0.85, 1.15) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
+            lo, hi = (0.90, 1.20) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
             assert all(lo <= r <= hi for r in new["ratios"]), (rec["flows"], rec["cc"], rec["loss"], new["ratios"])
             seen.add((rec["flows"], rec["cc"], rec["loss"]))
     assert seen >= {(k, cc, loss) for k in (5, 10) for cc in ("cubic", "bbr") for loss in (0.0, 0.005, 0.01)}

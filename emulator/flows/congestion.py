@@ -49,11 +49,21 @@ def cubic_window(t: float, w_max: float, origin: float, rtt: float, c: float = 0
     return max(cubic, friendly)
 
 
+def whole_segments(window: float) -> float:
+    """A window as Linux holds it: whole segments (snd_cwnd, ssthresh and CUBIC's last maximum are
+    integers, and each grows one segment at a time). Below about 20 segments, where loss keeps a
+    flow's window, the half segment a fractional window adds on average is 4 % or more of its rate.
+    (A product of floats can land a hair below a whole number: 0.7 * 30 = 20.999999999999996.)"""
+    return float(math.floor(window + 1e-9))
+
+
 def after_loss(cwnd: float, w_max: float, beta: float) -> tuple[float, float]:
-    """One congestion event: (new window, new W_max), with CUBIC's fast convergence (a flow that
-    lost below its last maximum remembers less than it had)."""
-    new_max = cwnd * (1.0 + beta) / 2.0 if cwnd < w_max else cwnd
-    return max(2.0, cwnd * beta), new_max
+    """One congestion event: (new window, new W_max) in whole segments, as bictcp_recalc_ssthresh
+    computes them from the whole window, with CUBIC's fast convergence (a flow that lost below its
+    last maximum remembers less than it had)."""
+    cwnd = whole_segments(cwnd)
+    new_max = whole_segments(cwnd * (1.0 + beta) / 2.0) if cwnd < w_max else cwnd
+    return max(2.0, whole_segments(cwnd * beta)), new_max
 
 
 def idle_restart(cwnd: float, idle_s: float, rto_s: float, initcwnd: float) -> float:
@@ -158,7 +168,8 @@ class GrowingWindow(CongestionControl):
     (Linux grows it only then), as rate steps: the next step is the first RTT boundary where the
     window has grown by `growth_step` (at most 64 RTTs on), and until then the flow sends with the
     mean of the window at both ends of the step, so the bits it moves match the curve's to second
-    order. It overshoots what covers the path by at most one step."""
+    order. It overshoots what covers the path by at most one step. The curve is read in whole
+    segments (whole_segments): a small window steps one segment at a time, as Linux's does."""
 
     @staticmethod
     def growth_resumes(st: Any, now: float) -> float:
@@ -182,13 +193,15 @@ class GrowingWindow(CongestionControl):
         conn = st.conn
         rwnd = receive_window(self.p, st.mss)
         rtt = st.rtt  # the queues do not move during this call
-        start = max(conn.cwnd, min(self.window(st, now, rtt), rwnd)) if now > conn.cc.epoch else conn.cwnd
+        start = conn.cwnd
+        if now > conn.cc.epoch:
+            start = max(start, min(whole_segments(self.window(st, now, rtt)), rwnd))
         # the steps fall on whole RTTs from when the window may grow (after a recovery, its end)
         base = max(now, conn.cc.epoch)
         end, k = start, 0
         while k < 64 and end < start * (1 + self.p.growth_step) and end < rwnd:
             k += 1
-            end = min(self.window(st, base + k * rtt, rtt), rwnd)
+            end = min(whole_segments(self.window(st, base + k * rtt, rtt)), rwnd)
         conn.cwnd = max(start, (start + end) / 2) if mean else start
         st.round_end = base + max(1, k) * rtt
 
@@ -229,7 +242,7 @@ class Cubic(GrowingWindow):
         cc = conn.cc
         cc.origin = conn.cwnd
         cc.epoch = now
-        cc.w_max = max(cc.w_max, conn.cwnd)
+        cc.w_max = max(cc.w_max, whole_segments(conn.cwnd))
 
     def window(self, st: Any, now: float, rtt: float) -> float:
         conn = st.conn
@@ -274,7 +287,7 @@ class Reno(GrowingWindow):
         return conn.cc.origin + max(0.0, now - conn.cc.epoch) / rtt if rtt > 0 else conn.cwnd
 
     def on_loss(self, st: Any, now: float, cwnd: float) -> float:
-        new = max(2.0, cwnd / 2.0)
+        new = max(2.0, whole_segments(whole_segments(cwnd) / 2.0))  # tcp_reno_ssthresh: max(cwnd >> 1, 2)
         st.conn.cc.origin = new
         st.conn.cc.epoch = self.growth_resumes(st, now)
         return new
