@@ -21,7 +21,7 @@ from .netconfig import NetworkConfig
 from .timeline import DeviceTimeline
 
 
-@dataclass
+@dataclass(slots=True)  # (a check-in wave holds one per device in flight: no __dict__ each)
 class Transfer:
     tid: int
     src: str

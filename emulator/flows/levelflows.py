@@ -86,14 +86,20 @@ class StarClock:
 class LevelFlow(Flow):
     """A flow whose rate and fair share are its star's level while the level holds it."""
 
-    star: StarClock | None = None
-    v_synced = 0.0
-    v_due = INF  # its star clock's value when its bit-driven event falls due
-    order = 0  # when it was added, among all flows
-    vkey = 0
-    mode = ""  # "" (not placed), "alone", "star", "general"
-    _rate = 0.0
-    _share = 0.0
+    # slots, not a __dict__ per flow: a check-in wave holds hundreds of thousands of flows at once
+    __slots__ = ("star", "v_synced", "v_due", "order", "vkey", "mode", "watched", "_rate", "_share")
+
+    def __init__(self, path: tuple[Hashable, ...], remaining_bits: float, rate: float = 0.0, *, synced_t: float = 0.0):
+        self.star: StarClock | None = None
+        self.v_synced = 0.0
+        self.v_due = INF  # its star clock's value when its bit-driven event falls due
+        self.order = 0  # when it was added, among all flows
+        self.vkey = 0
+        self.mode = ""  # "" (not placed), "alone", "star", "general"
+        self.watched = False  # in `watchers` (IncrementalFlowModel): its cap reads a queue on its path
+        self._rate = 0.0
+        self._share = 0.0
+        super().__init__(path, remaining_bits, rate, synced_t=synced_t)
 
     @property
     def rate(self) -> float:  # type: ignore[override]
@@ -209,7 +215,7 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         self.mm.add(fid, (*flow.path, window_link(fid)), flow.order)
 
     def _watch(self, fid: Hashable, flow: Flow, on: bool) -> None:
-        if on == bool(getattr(flow, "watched", False)):
+        if on == flow.watched:
             return
         flow.watched = on
         for link in flow.path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Sequence
 
@@ -237,6 +238,8 @@ class FlowModel:
                                 queues=self, fid=fid, path=flow.path)
             if conn.active is not None:
                 flow.active = False
+                if conn.waiting is None:
+                    conn.waiting = deque()
                 conn.waiting.append(fid)
                 return []
             self._begin(fid)
@@ -353,7 +356,7 @@ class FlowModel:
                     conn.waiting.popleft()
                 if conn.waiting:
                     self._begin(conn.waiting.popleft())
-            elif fid in conn.waiting:
+            elif conn.waiting and fid in conn.waiting:
                 conn.waiting.remove(fid)
         return flow, self._rebalance()
 

@@ -115,7 +115,9 @@ class Connection(Record, ConnectionRecord):
         self.last_send = -INF
         self.sending_since = 0.0
         self.active: Hashable | None = None
-        self.waiting: deque = deque()
+        # its flows that wait for the one sending (a deque, made when the first waits: an empty deque
+        # is about 600 bytes, and a population keeps a connection per device for the whole run)
+        self.waiting: deque | None = None
         self.cc = cc  # its congestion control's own state
         self.control = control  # its congestion control (the sender's)
 
