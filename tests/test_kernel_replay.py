@@ -149,8 +149,8 @@ def test_several_flows_replayed_against_recorded_kernel_times():
     kernel_flows5.jsonl: five through 20 Mbit/s, 30 ms one way; kernel_flows10.jsonl: ten through 50
     Mbit/s, 50 ms; 100 ms of queue): loss-free and lossy (0.5 %, 1 %) BBR and loss-free CUBIC within
     [0.90, 1.10] of the kernel at every rank. Lossy CUBIC is the known gap (docs/2026-12-07-shared-
-    loss.md: 0.95-1.18 by rank, the fastest ranks of ten flows at 0.5 % slow), held to bounds of
-    its own."""
+    loss.md: 0.95-1.13 by rank, the second of ten flows at 0.5 % slow), held to bounds of its
+    own."""
     class Args:
         seed = 1
 
@@ -163,7 +163,7 @@ def test_several_flows_replayed_against_recorded_kernel_times():
             Args.cc = rec["cc"]
             new = vs.flows_record(case, rec["flows"], rec["kernel_runs"], Args, vs.TUN_FRAMING,
                                   vs.TcpParams(congestion_control=rec["cc"]))
-            lo, hi = (0.90, 1.20) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
+            lo, hi = (0.90, 1.15) if rec["cc"] == "cubic" and rec["loss"] > 0 else (0.90, 1.10)
             assert all(lo <= r <= hi for r in new["ratios"]), (rec["flows"], rec["cc"], rec["loss"], new["ratios"])
             seen.add((rec["flows"], rec["cc"], rec["loss"]))
     assert seen >= {(k, cc, loss) for k in (5, 10) for cc in ("cubic", "bbr") for loss in (0.0, 0.005, 0.01)}

@@ -481,8 +481,9 @@ def measure_flows(bed: Testbed, size: int, reps: int, pause: float, k: int) -> l
 
 class WindowSampler:
     """Samples the kernel's windows in A while a measurement runs (`ss -tin` every 50 ms): the mean
-    of the connections' total cwnd (segments) and of their smoothed RTT, over samples with any
-    connection sending."""
+    of the sending connections' total cwnd (segments) and of their smoothed RTT, over samples with
+    any connection sending. A connection counts while it has data unacknowledged: one that has
+    finished stays open (and keeps its cwnd) until the repetition's last flow is done."""
 
     def __init__(self, bed: Testbed, every_s: float = 0.05):
         import threading
@@ -497,10 +498,12 @@ class WindowSampler:
         while not self.stop.wait(self.every_s):
             out = subprocess.run(["ip", "netns", "exec", self.bed.a, "ss", "-tin", "dst", ADDR_B], capture_output=True,
                                  text=True).stdout
-            cwnds = [float(x) for x in re.findall(r"\bcwnd:(\d+)", out)]
-            if "unacked:" in out:  # (ss shows it only while something is in flight)
-                self.totals.append(sum(cwnds))
-                self.rtts += [float(x) for x in re.findall(r"\brtt:([\d.]+)/", out)]
+            # one block per connection (its address line, then its details); ss shows "unacked:"
+            # only while something is in flight
+            sending = [block for block in re.split(r"\n(?=ESTAB|SYN|FIN|CLOSE|LAST|TIME)", out) if "unacked:" in block]
+            if sending:
+                self.totals.append(sum(float(x) for b in sending for x in re.findall(r"\bcwnd:(\d+)", b)))
+                self.rtts += [float(x) for b in sending for x in re.findall(r"\brtt:([\d.]+)/", b)]
 
     def __enter__(self) -> "WindowSampler":
         self.thread.start()
