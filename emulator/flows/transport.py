@@ -17,12 +17,14 @@ it send:
 - Congestion avoidance is the connection's congestion control's (emulator/flows/congestion.py):
   by default CUBIC's window, W(t) = C (t - K)^3 + W_max, with its TCP-friendly
   floor W_max*beta + 3(1 - beta)/(1 + beta) t/RTT, capped at the receive window (no buffer-overflow
-  sawtooth is modelled). A window-limited flow gets its rate W/RTT stepped on whole RTTs each time
-  the window has grown by `growth_step`; a flow whose window covers its share has no window events
-  at all (Linux grows the window only while it limits the flow, so nothing changes either).
+  sawtooth is modelled), read in whole segments as Linux holds it. A window-limited flow gets its
+  rate W/RTT stepped on whole RTTs each time the window has grown by `growth_step` (a small window:
+  by one segment); a flow whose window covers its share has no window events at all (Linux grows
+  the window only while it limits the flow, so nothing changes either).
 - Random loss: the segments between two losses are drawn from a geometric law (seeded by the
   transfer). A loss costs its segment again (the flow's bits grow by one segment) and, once per
-  recovery episode (one RTT), cuts W to beta*W (fast convergence as in Linux); in slow start W is
+  recovery episode (one RTT), cuts W to beta*W rounded down to whole segments (fast convergence
+  as in Linux); in slow start W is
   the window the ACKs of the round's segments before the lost one have grown it to. The window
   grows again only when the recovery has ended, one RTT after the cut (Linux grows it neither in
   Recovery nor in CWR). The cut itself comes at the loss, not one RTT later when the kernel
