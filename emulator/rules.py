@@ -119,6 +119,21 @@ class Ordered:
         return f"{self.low} ({low}) exceeds {self.high} ({high})" if low > high else None
 
 
+@dataclass(frozen=True)
+class SumBelow:
+    """The fields add up to less than `limit` (shares of one whole that must leave room for the rest)."""
+
+    fields: tuple[str, ...]
+    limit: float
+    why: str = ""
+
+    def refusal(self, m: Any) -> str | None:
+        total = sum(getattr(m, name) for name in self.fields)
+        if total < self.limit:
+            return None
+        return f"{' + '.join(self.fields)} is {total:g}, not below {self.limit:g}{self.why}"
+
+
 class SectionRefusal(ValueError):
     """A section's rule is broken; the message starts with the field it names (the schema's error
     formatter joins it to the section's path)."""

@@ -23,7 +23,7 @@ from node.strategies.fedalign import FedAlign
 from node.secure.config import SecureAggregationSpec
 
 from .flows.congestion import CONGESTION_CONTROLS
-from .rules import (FeedbackNeedsContraction, Fits, Needs, OneOf, OnlyWhen, Ordered, OwnOptions, SectionRefusal,
+from .rules import (FeedbackNeedsContraction, Fits, Needs, OneOf, OnlyWhen, Ordered, OwnOptions, SectionRefusal, SumBelow,
                     algorithm_fits, check_section, scenario_refusals, secure_fits, selector_fits)
 from .topology import TOPOLOGIES
 
@@ -96,6 +96,8 @@ class SyntheticSpec(Strict):
     good_cv: float = Field(0.45, ge=0, description="coefficient of variation of the good periods' levels")
     good_step_s: float = Field(2.0, gt=0, description="how long a good level lasts before it is drawn again")
     duration_s: float = Field(600.0, gt=0, description="generated once per client, then looped")
+
+    rules = (SumBelow(("fade_share", "outage_share"), 1.0, " (the good periods need some of the time)"),)
 
 
 class TraceSpec(Strict):
@@ -680,7 +682,7 @@ class NetworkModel(Strict):
     flow_solver: Literal["scratch", "incremental"] = Field(
         "scratch", description="scratch: max-min rates filled again over every flow at every change; incremental: "
                                "only what a change moves (emulator/flows/levelflows.py), the same times to rounding, for "
-                               "thousands of concurrent flows; fluid or tcp, not trace-driven links")
+                               "thousands of concurrent flows; fluid or tcp, static or trace-driven links")
 
     rules = (
         OnlyWhen("mss", "transport", ("fluid",), value=0,
@@ -769,14 +771,6 @@ class Scenario(Strict):
             for name in shared.links:
                 if name not in names:
                     raise ValueError(f"population.shared_links[{i}].links: no link mix named {name!r} (have {sorted(names)})")
-        return self
-
-    @model_validator(mode="after")
-    def _traces_need_the_scratch_solver(self):
-        traced = [i for i, lk in enumerate(self.population.links) if lk.traced]
-        if traced and self.network.flow_solver == "incremental":
-            raise ValueError(f"network.flow_solver: incremental does not follow trace-driven links yet "
-                             f"(population.links[{traced[0]}]); use scratch")
         return self
 
     @model_validator(mode="after")

@@ -120,7 +120,7 @@ class Transfers:
             if link not in self.traces:
                 continue
             if link not in self.change_pending:  # idle past its last change: its rate as of now
-                self.flows.capacity[link] = self.traces.rate(link, now)
+                self.flows.set_idle_capacity(link, self.traces.rate(link, now))
                 self._next_capacity_change(link)
             self.on_link.setdefault(link, set()).add(tid)
 

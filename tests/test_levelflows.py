@@ -4,11 +4,13 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import read_csv, run_cli, write_scenario
 from emulator.flows.levelflows import IncrementalFlowModel
 from emulator.flows.links import FlowModel, simulate
+from emulator.flows.traces import SyntheticFades, TraceRates, TraceRef
 from flow_scenarios import workload
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "flow_reference.json").read_text())
@@ -65,18 +67,64 @@ def test_level_flows_whose_caps_rose_keep_the_lower_cap_and_the_times(monkeypatc
     assert sum(taken) >= 20 and len(taken) > sum(taken)
 
 
-def assert_same_arrivals(seed: int, controls: tuple[str, ...], together: bool = False) -> None:
+@pytest.mark.parametrize("seed", range(80))
+def test_tcp_arrivals_on_trace_driven_links(seed):
+    """Access links and the shared cell follow synthetic cellular traces (fades, outages, a new level
+    every 0.3 s): each bin's change re-places the link's flows, and the times stay the scratch model's."""
+    assert_same_arrivals(seed, ("cubic", "bbr", "reno") if seed % 2 else (), traced=True)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fluid_arrivals_on_trace_driven_links(seed):
+    base, transfers = workload(seed, False)
+    want = simulate(base, transfers, traces=traces_for(seed, base.capacity))
+    base, transfers = workload(seed, False)
+    got = simulate(IncrementalFlowModel(base.capacity, None, base.queue_s), transfers, traces=traces_for(seed, base.capacity))
+    assert sum(math.isfinite(a) for _, a in want) >= 3
+    for (start, arrival), (want_start, want_arrival) in zip(got, want, strict=True):
+        for value, expected in ((start, want_start), (arrival, want_arrival)):
+            assert math.isclose(value, expected, rel_tol=1e-12, abs_tol=1e-12), (seed, value, expected)
+
+
+def test_trace_changes_reach_links_that_carry_flows(monkeypatch):
+    """The traced workloads above do move the rates of links in use (so their checks cover it)."""
+    moved = []
+    original = IncrementalFlowModel.set_capacity
+
+    def counting(self, link, bps):
+        moved.append(len(self.mm.users.get(link, ())))
+        return original(self, link, bps)
+
+    monkeypatch.setattr(IncrementalFlowModel, "set_capacity", counting)
+    for seed in range(10):
+        assert_same_arrivals(seed, (), traced=True)
+    assert len(moved) >= 100 and sum(n >= 2 for n in moved) >= 10, (len(moved), sum(n >= 2 for n in moved))
+
+
+def traces_for(seed: int, capacity: dict) -> TraceRates:
+    """About two thirds of the access links and the cell follow a trace of their own (mean: the
+    link's rate), from a random offset; the server link stays static."""
+    rng = np.random.default_rng([seed, 42])
+    links = [link for link in capacity if link != "server" and rng.random() < 0.67]
+    fades = {link: SyntheticFades(mean_mbps=capacity[link] / 1e6, good_step_s=0.3, fade_s=0.5, outage_s=0.3,
+                                  outage_share=0.03, duration_s=20.0) for link in links}
+    return TraceRates({link: TraceRef("", float(rng.uniform(0, 20)), synthetic=fades[link], seed=(seed, k))
+                       for k, link in enumerate(links)})
+
+
+def assert_same_arrivals(seed: int, controls: tuple[str, ...], together: bool = False, traced: bool = False) -> None:
     def load():  # fresh loss draws and windows for each model
         base, transfers = workload(seed, True, controls)
         for tr in transfers if together else ():
             if "start" in tr:
                 tr["start"] = round(tr["start"] * 2) / 2
-        return base, transfers
+        return base, transfers, traces_for(seed, base.capacity) if traced else None
 
-    base, transfers = load()
-    want = simulate(base, transfers, together=together)
-    base, transfers = load()
-    got = simulate(IncrementalFlowModel(base.capacity, base.transport, base.queue_s), transfers, together=together)
+    base, transfers, traces = load()
+    want = simulate(base, transfers, traces=traces, together=together)
+    base, transfers, traces = load()
+    got = simulate(IncrementalFlowModel(base.capacity, base.transport, base.queue_s), transfers, traces=traces,
+                   together=together)
     assert sum(math.isfinite(a) for _, a in want) >= 3
     for (start, arrival), (want_start, want_arrival) in zip(got, want, strict=True):
         for value, expected in ((start, want_start), (arrival, want_arrival)):
@@ -134,7 +182,7 @@ population:
   clients: 40
   devices: [{{ms_per_sample: 1}}]
   links:
-    - {{share: 0.5, up_mbps: 20, down_mbps: 50, latency_ms: 10, loss: 0.001}}
+    - {{share: 0.5, {first}, latency_ms: 10, loss: 0.001}}
     - {{share: 0.5, up_mbps: 5, down_mbps: 20, latency_ms: 40}}
 server: {{link: {{up_mbps: 60, down_mbps: 40, latency_ms: 1}}}}
 selection: {{clients_per_round: 20, checkin: true}}
@@ -145,14 +193,20 @@ network: {{transport: {transport}, flow_solver: {solver}}}
 """
 
 
-@pytest.mark.parametrize("transport", ["fluid", "tcp"])
-def test_a_run_is_the_same_with_either_solver(tmp_path, transport):
-    """Real processes: check-ins, first-k rounds, loss; every row and every
-    emulated time equal (the last digit may differ: sums are taken in another order)."""
+STATIC = "up_mbps: 20, down_mbps: 50"
+TRACED = "up_trace: {synthetic: {mean_mbps: 20}}, down_trace: {synthetic: {mean_mbps: 50}}"
+
+
+@pytest.mark.parametrize("transport,first", [("fluid", STATIC), ("tcp", STATIC), ("tcp", TRACED)],
+                         ids=["fluid", "tcp", "tcp-traced"])
+def test_a_run_is_the_same_with_either_solver(tmp_path, transport, first):
+    """Real processes: check-ins, first-k rounds, loss, and (tcp-traced) half the clients on cellular
+    traces; every row and every emulated time equal (the last digit may differ: sums are taken in
+    another order)."""
     outs = {}
     for solver in ("scratch", "incremental"):
         out = outs[solver] = tmp_path / solver
-        path = write_scenario(tmp_path / f"{solver}.yaml", SCENARIO.format(transport=transport, solver=solver))
+        path = write_scenario(tmp_path / f"{solver}.yaml", SCENARIO.format(transport=transport, solver=solver, first=first))
         res = run_cli("run", str(path), "--out", str(out), timeout=180)
         assert res.returncode == 0, res.stderr[-2000:]
     order = {"rounds.csv": lambda r: int(r["round"]), "clients.csv": lambda r: (int(r["round"]), r["client"]),

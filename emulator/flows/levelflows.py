@@ -209,6 +209,22 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         self.mm.touched_flows.add(fid)
         return False, self._rebalance(force=fid)
 
+    def set_capacity(self, link: Hashable, bps: float) -> list[tuple[Hashable, float, int]]:
+        """A traced link's next bin, as FlowModel.set_capacity: its queue drains at the new rate
+        (which moves the caps of the windows that read it), and its flows are placed again."""
+        self.capacity[link] = bps
+        self._link_queue(link)
+        self.mm.set_capacity(link, bps)
+        return self._rebalance()
+
+    def set_idle_capacity(self, link: Hashable, bps: float) -> None:
+        super().set_idle_capacity(link, bps)
+        if link in self.mm.users:  # (a trace past its end without a loop holds its last rate)
+            if self.mm.capacity.get(link) != float(bps):
+                raise ValueError(f"link {link!r} carries flows: its rate moves by set_capacity")
+            return
+        self.mm.capacity[link] = float(bps)
+
     def _place(self, fid: Hashable, flow: Flow) -> None:
         cap = self.transport.cap(flow, self.t) if flow.tcp else INF
         self.mm.capacity[window_link(fid)] = cap

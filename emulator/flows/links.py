@@ -256,6 +256,11 @@ class FlowModel:
             self._link_queue(link)
         return self._rebalance()
 
+    def set_idle_capacity(self, link: Hashable, bps: float) -> None:
+        """The rate of a link no flow crosses (a trace's bin, looked up as a flow starts on an idle
+        traced link): nothing moves, so nothing is rebalanced."""
+        self.capacity[link] = bps
+
     def settle(self) -> list[tuple[Hashable, float, int]]:
         """The rates after flows added with settle=False (nothing when none is pending)."""
         return self._rebalance() if self.unsettled else []
@@ -608,7 +613,7 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: A
                 continue
             on_link[link] = on_link.get(link, 0) + step
             if step > 0 and link not in watched:  # idle until now: its rate as of now, and its next change
-                model.capacity[link] = traces.rate(link, t)
+                model.set_idle_capacity(link, traces.rate(link, t))
                 next_capacity(link, t)
 
     def next_capacity(link: Hashable, t: float) -> None:

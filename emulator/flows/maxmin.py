@@ -214,8 +214,12 @@ class IncrementalMaxMin:
             self._attach(other)
 
     def set_capacity(self, link: Hashable, capacity: float) -> None:
-        """A link's new capacity (a fault, a repair). Its flows are placed again."""
-        on = [fid for fid, route in self.routes.items() if link in route]
+        """A link's new capacity (a trace's next bin, a fault, a repair). Its flows are placed again:
+        removed, then added with their sequence numbers, in the order they joined the link."""
+        if self.capacity.get(link, INF) < INF:
+            on = list(self.users.get(link, ()))  # (a finite link's users are all the flows on it)
+        else:
+            on = [fid for fid, route in self.routes.items() if link in route]
         routes = [self.routes[fid] for fid in on]
         seqs = [self.seq[fid] for fid in on]
         for fid in on:
