@@ -279,13 +279,16 @@ class LinkTraces:
     def assign(self, spec, key: str, index: int, direction: str) -> tuple[TraceRef, float]:
         """Client `index`'s trace for one direction, and the trace's mean rate (bit/s)."""
         rng = np.random.default_rng([self.sc.seed, index, 0x7ACE, 0 if direction == "up" else 1])
-        if spec.synthetic is not None:  # its own generated trace, from a seed of its own
+        if spec.synthetic is not None:  # its own generated trace, from a seed of its own, made by the
+            # network when a flow first uses the link (most of a large population's never carry one)
+            fades = SyntheticFades(**spec.synthetic.model_dump())
             ref = TraceRef("", 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop,
-                           SyntheticFades(**spec.synthetic.model_dump()), (self.sc.seed, index, 0x5F, 0 if direction == "up" else 1))
-        else:
-            pool = self.files(spec, key)
-            path = pool[int(rng.integers(len(pool)))] if len(pool) > 1 else pool[0]
-            ref = TraceRef(path, 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop)
+                           fades, (self.sc.seed, index, 0x5F, 0 if direction == "up" else 1))
+            offset = float(rng.uniform(0.0, fades.period(ref.bin_s))) if spec.offset == "random" else 0.0
+            return dataclasses.replace(ref, offset_s=offset), fades.mean_bps
+        pool = self.files(spec, key)
+        path = pool[int(rng.integers(len(pool)))] if len(pool) > 1 else pool[0]
+        ref = TraceRef(path, 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop)
         if ref.source not in self.read:
             try:
                 self.read[ref.source] = load_trace(ref)

@@ -45,6 +45,40 @@ def test_the_next_change_skips_bins_of_the_same_rate_and_follows_the_loop():
     assert once.next_change(2.1) == math.inf and once.rate_at(99.0) == 1e6
 
 
+def bins_next_change(rates: list[float], bin_s: float, loop: bool, t: float) -> float:
+    """The next change by scanning bins one by one (what a trace of runs must give)."""
+    n, k = len(rates), math.floor(max(0.0, t) / bin_s + 1e-9)
+    current = rates[k % n if loop else min(k, n - 1)] if k >= n else rates[k]
+    for j in range(k + 1, (k + 1 + n if loop else n) + 1):
+        if j >= n and not loop:
+            return math.inf
+        if rates[j % n] != current:
+            return j * bin_s
+    return math.inf
+
+
+def test_a_trace_kept_as_runs_answers_as_its_bins_do():
+    """A trace is held as runs of equal rates (12 bytes a run): on random traces with repeated
+    rates, looped or not, the rate and the next change at random times are the bins' to the bit."""
+    import numpy as np
+
+    from emulator.flows.traces import Trace
+
+    rng = np.random.default_rng(5)
+    for case in range(300):
+        n = int(rng.integers(1, 40))
+        rates = [float(x) for x in rng.choice([0.0, 1e6, 2.5e6, 8e6], size=n, p=[0.1, 0.4, 0.3, 0.2])]
+        bin_s, loop = float(rng.choice([0.1, 0.25, 1.0])), bool(rng.random() < 0.7)
+        trace = Trace("t", bin_s, rates, loop)
+        assert list(trace.rates) == rates and trace.period == bin_s * n and trace.mean_bps == float(np.mean(rates))
+        assert len(trace.starts) == 1 + sum(a != b for a, b in zip(rates, rates[1:]))
+        for t in rng.uniform(0, 3 * n * bin_s, size=20).tolist() + [0.0, bin_s, n * bin_s, (n - 1) * bin_s]:
+            k = math.floor(t / bin_s + 1e-9)
+            want_rate = rates[k] if k < n else (rates[k % n] if loop else rates[-1])
+            assert trace.rate_at(t) == want_rate, (case, t)
+            assert trace.next_change(t) == bins_next_change(rates, bin_s, loop, t), (case, t, rates, loop)
+
+
 @pytest.mark.parametrize("text, fmt, message", [
     ("0\n12\nx\n", "mahimahi", "t:3: expected a delivery time in whole milliseconds, got 'x'"),
     ("0\n20\n10\n", "mahimahi", "t:3: time 10 ms goes back (after 20 ms)"),
@@ -200,6 +234,47 @@ def test_a_synthetic_trace_has_the_fitted_statistics_and_is_a_function_of_its_se
         assert 0.05 <= (rel < 0.3).mean() <= 0.25 and (rel == 0).mean() <= 0.09 and 0.35 <= rel.std() <= 0.95
         assert list(spec.trace([seed], 1.0).rates) == list(trace.rates)
     assert list(spec.trace([0], 1.0).rates) != list(spec.trace([1], 1.0).rates)
+
+
+def test_a_synthetic_trace_is_the_one_it_always_was():
+    """The generator's draws (and so every scenario on synthetic traces) do not move when its code
+    does: the bins of two traces, as the first version of the generator made them."""
+    import hashlib
+
+    from emulator.flows.traces import SyntheticFades
+
+    first = SyntheticFades(mean_mbps=8).trace([0, 0, 3], 0.1)
+    second = SyntheticFades(mean_mbps=1.3, fade_share=0.3, outage_share=0.1, good_step_s=0.3,
+                            duration_s=61.7).trace([0, 7, 3], 0.25)
+    assert hashlib.md5(first.rates.tobytes()).hexdigest() == "f72f4f2ac8bcaf07784d8c5f0a5bb593"
+    assert hashlib.md5(second.rates.tobytes()).hexdigest() == "e4104b097a68c91448bf80bac1332765"
+
+
+def test_a_synthetic_traces_period_and_mean_are_known_without_making_it():
+    """The world gives each client its offset and nominal rate without generating its trace (a large
+    population's would not fit): the period is the generated one's, the mean the declared one."""
+    from emulator.flows.traces import SyntheticFades, TraceRates
+
+    for spec, bin_s in ((SyntheticFades(8.0), 0.1), (SyntheticFades(1.5, duration_s=61.23), 0.25)):
+        trace = spec.trace([3], bin_s)
+        assert spec.period(bin_s) == trace.period
+        assert spec.mean_bps == pytest.approx(trace.mean_bps, rel=1e-12)
+        rates = TraceRates({"up": TraceRef("", 1.0, bin_s=bin_s, synthetic=spec, seed=(3,))})
+        assert rates.mean("up") == spec.mean_bps and not rates.traces  # (nothing generated to know it)
+        assert rates.rate("up", 0.5) == max(1e3, trace.rate_at(1.5)) and rates.traces
+
+
+def test_synthetic_shares_that_leave_no_good_period_are_refused():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "emulator", "validate", str(ROOT / "scenarios" / "cellular_edge.yaml"),
+                          "--set", "population.links=[{profile: lte, down_mbps: 30, up_trace: {synthetic: "
+                                   "{mean_mbps: 8, fade_share: 0.6, outage_share: 0.4}}}]"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "population.links[0].up_trace.synthetic: fade_share + outage_share is 1, not below 1" in res.stderr
 
 
 def test_a_run_on_synthetic_fading_uplinks_is_a_function_of_its_seed(tmp_path):
