@@ -596,13 +596,16 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: A
     import heapq
 
     out: list[list[float]] = [[INF, INF] for _ in transfers]
-    events: list[tuple[float, int, int, Any]] = []  # (t, order, n, payload)
+    # (t, kind, flow, n, payload): the events of one instant in flow order (capacity changes first),
+    # as the network process takes them by sender and transfer, not in the order a solver handed
+    # them out (which differs between solvers: flows in lockstep would swap roles)
+    events: list[tuple[float, int, int, int, Any]] = []
     seq, on_link, watched = 0, {}, set()  # traced link -> flows on it; traced links with a change on the clock
 
     def push(t: float, kind: int, payload: Any) -> None:
         nonlocal seq
         seq += 1
-        heapq.heappush(events, (t, kind, seq, payload))
+        heapq.heappush(events, (t, kind, payload[1] if payload[0] == "flow" else -1, seq, payload))
 
     for link in (traces.refs if traces is not None else ()):
         model.nominal[link] = traces.mean(link)
@@ -629,7 +632,7 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: A
         else:
             push(float(tr["start"]), 1, ("start", i))
     while events:
-        t, _, _, (what, *rest) = heapq.heappop(events)
+        t, _, _, _, (what, *rest) = heapq.heappop(events)
         model.advance(t)
         if what == "start":
             i = rest[0]
