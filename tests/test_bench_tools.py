@@ -36,3 +36,20 @@ def test_the_secagg_benchmark_unmasks_what_its_graphs_say():
                           "--degree", "4", "--json"], capture_output=True, text=True, timeout=120)
     out = json.loads(res.stdout)
     assert {"mask_mb_s", "unmask_s_secagg", "unmask_s_secaggplus"} <= set(out) and out["sum_bits"] == 8 + 4
+
+
+def test_the_scale_benchmarks_traced_links_make_a_valid_scenario():
+    """bench_scale.py --links traced: every link mix of population_100k.yaml on a synthetic trace at
+    its profile's rates, which the schema takes (with the incremental solver the scenario uses)."""
+    import bench_scale
+    import yaml
+
+    from emulator.scenario import load_scenario
+
+    links = bench_scale.traced_links()
+    sc, _ = load_scenario(bench_scale.SCENARIO, [f"population.links={links}", "population.clients=1000"])
+    mixes = sc.population.links
+    assert [m.name for m in mixes] == [m["profile"] for m in yaml.safe_load(bench_scale.SCENARIO.read_text())["population"]["links"]]
+    assert all(m.traced and m.up_trace.synthetic and m.down_trace.synthetic for m in mixes)
+    assert {m.name: (m.up_trace.synthetic.mean_mbps, m.down_trace.synthetic.mean_mbps) for m in mixes}["lte"] == (8, 30)
+    assert sc.network.flow_solver == "incremental"

@@ -16,12 +16,14 @@ A fourth case (`--traced-clients N`, default 130: the flagship's round, 130 of i
 times the same tcp round with every client's uplink following a synthetic cellular trace of its own (emulator/flows/traces.py's SyntheticFades, 100 ms
 bins, a seeded start offset; its mean the link's static rate) against the static links, both with
 the compiled path, in this run: what traces cost the flow model, which is the network process's
-own work (the process also moves the messages, which traces do not change).
+own work (the process also moves the messages, which traces do not change). `--traced-solver
+incremental` runs both sides with the incremental solver (network.flow_solver: incremental): the
+scratch one cannot take all 1000 clients at once.
 
-Usage: python tools/bench_flows.py [--flows 10000] [--traced-clients 1000] [--json]
+Usage: python tools/bench_flows.py [--flows 10000] [--traced-clients 1000] [--traced-solver scratch|incremental] [--json]
 --json prints one object: flows, scratch_ms, incremental_ms, speedup (and the same for the cell
 case), tcp_round: {clients, events, compiled_s, python_s, speedup}, and traced_round: {clients,
-population, static_s, traced_s, traced_cpu_ratio, capacity_changes, static_round_s, traced_round_s}.
+population, solver, static_s, traced_s, traced_cpu_ratio, capacity_changes, static_round_s, traced_round_s}.
 The other 870 uplinks of the 1000 are traced too and idle: they cost nothing, which the count of
 capacity changes shows (only links with a flow change)."""
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from emulator.flows import links  # noqa: E402
+from emulator.flows.levelflows import IncrementalFlowModel  # noqa: E402
 from emulator.flows.links import FlowModel, max_min_fill, simulate  # noqa: E402
 from emulator.flows.traces import SyntheticFades, TraceRates, TraceRef  # noqa: E402
 from emulator.flows.transport import TcpTransport  # noqa: E402
@@ -143,13 +146,15 @@ def measure_tcp_round(clients: int) -> dict:
             "round_s": round(max(b for _, b in results["compiled"]), 3)}
 
 
-def measure_traced_round(clients: int, population: int = 1000, seed: int = 0) -> dict:
+def measure_traced_round(clients: int, population: int = 1000, seed: int = 0, solver: str = "scratch") -> dict:
     """The tcp round on static links and with every uplink traced (mean: its static rate), best of
     two each, alternately; the population's other uplinks are traced too, idle (a link without a
-    flow costs nothing: the counts show it). Counts the capacity changes the traced run made."""
+    flow costs nothing: the counts show it). Counts the capacity changes the traced run made. With
+    solver "incremental", both sides run IncrementalFlowModel (network.flow_solver: incremental)."""
     times: dict[str, list[float]] = {"static": [], "traced": []}
     ends, changes = {}, {"n": 0}
-    original = FlowModel.set_capacity
+    model_class = IncrementalFlowModel if solver == "incremental" else FlowModel
+    original = model_class.set_capacity
 
     def counted(self, link, bps):
         changes["n"] += 1
@@ -158,6 +163,8 @@ def measure_traced_round(clients: int, population: int = 1000, seed: int = 0) ->
     for _ in range(2):
         for name in ("static", "traced"):
             model, transfers = tcp_round(clients, seed=seed)
+            if solver == "incremental":
+                model = IncrementalFlowModel(model.capacity, model.transport, model.queue_s)
             traces = None
             if name == "traced":
                 uplinks = [("up", c) for c in range(max(clients, population))]
@@ -165,18 +172,18 @@ def measure_traced_round(clients: int, population: int = 1000, seed: int = 0) ->
                                                     synthetic=SyntheticFades(mean_mbps=model.capacity.get(link, 8e6) / 1e6),
                                                     seed=(seed, link[1])) for link in uplinks})
             changes["n"] = 0
-            FlowModel.set_capacity = counted
+            model_class.set_capacity = counted
             try:
                 start = time.perf_counter()
                 out = simulate(model, transfers, traces=traces)
                 times[name].append(time.perf_counter() - start)
             finally:
-                FlowModel.set_capacity = original
+                model_class.set_capacity = original
             ends[name] = max(b for _, b in out)
             if name == "traced":
                 traced_changes = changes["n"]
     s, t = min(times["static"]), min(times["traced"])
-    return {"clients": clients, "population": max(clients, population), "static_s": round(s, 3), "traced_s": round(t, 3), "traced_cpu_ratio": round(t / s, 2),
+    return {"clients": clients, "population": max(clients, population), "solver": solver, "static_s": round(s, 3), "traced_s": round(t, 3), "traced_cpu_ratio": round(t / s, 2),
             "capacity_changes": traced_changes, "static_round_s": round(ends["static"], 2),
             "traced_round_s": round(ends["traced"], 2)}
 
@@ -188,12 +195,14 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=130, help="clients in the tcp round")
     ap.add_argument("--traced-clients", type=int, default=130, help="clients in the traced round (0: skip it)")
     ap.add_argument("--population", type=int, default=1000, help="traced uplinks in all, the round's and idle ones")
+    ap.add_argument("--traced-solver", choices=("scratch", "incremental"), default="scratch",
+                    help="the flow solver of the traced round, both sides (incremental: all 1000 clients at once)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     plain = measure(args.flows, args.finishing, cell=False)
     cell = measure(args.flows, min(args.finishing, 20), cell=True)
     tcp = measure_tcp_round(args.clients)
-    traced = measure_traced_round(args.traced_clients, args.population) if args.traced_clients else None
+    traced = measure_traced_round(args.traced_clients, args.population, solver=args.traced_solver) if args.traced_clients else None
     if args.json:
         print(json.dumps({**plain, "cell": cell, "tcp_round": tcp, "traced_round": traced}))
         return

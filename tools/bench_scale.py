@@ -24,9 +24,15 @@ end); growth exponents use completed runs only. --million runs the issue's case 
 
 Usage: python tools/bench_scale.py [--clients 1000,10000,100000] [--per-round 100,1000] [--rounds 20]
                                    [--transport tcp|fluid] [--limit-s S] [--million] [--json]
---json prints one object per case with keys clients, per_round, transport, wall_s_per_round,
+--links traced gives every link mix of the scenario trace-driven capacity (a synthetic cellular trace
+per client and direction, emulator/flows/traces.py's SyntheticFades, its mean the profile's rate in
+scenarios/profiles.yaml); --links static,traced runs each case both ways, back to back, and adds
+traced_wall_ratio and traced_pss_ratio (traced over static, whole run and peak PSS) to the traced case.
+
+--json prints one object per case with keys clients, per_round, transport, links, wall_s_per_round,
 events_per_s, pss_gib (and first_round_s, wall_s, rounds, emulated_s, status), then one object per
-P with per_round, growth_exponent (per round) and growth_exponent_whole_run."""
+P with per_round, growth_exponent (per round) and growth_exponent_whole_run (over static runs when
+both kinds ran)."""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "population_100k.yaml"
 SAMPLES_PER_CLIENT = 2  # the scenario's 200,000 synthetic samples for 100,000 clients
@@ -48,12 +56,26 @@ STOP_GRACE_S = 180  # a run stopped at its limit writes its files within this
 MILLION = {"clients": "1000000", "per_round": "10000", "rounds": 5, "limit_s": 900.0}
 
 
-def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s: float | None = None) -> dict:
+def traced_links() -> str:
+    """The scenario's link mixes, each direction a synthetic trace at its profile's mean rate."""
+    profiles = yaml.safe_load((ROOT / "scenarios" / "profiles.yaml").read_text())["links"]
+    mixes = []
+    for mix in yaml.safe_load(SCENARIO.read_text())["population"]["links"]:
+        rates = profiles[mix["profile"]]
+        mixes.append({**mix, "up_trace": {"synthetic": {"mean_mbps": rates["up_mbps"]}},
+                      "down_trace": {"synthetic": {"mean_mbps": rates["down_mbps"]}}})
+    return json.dumps(mixes)  # (YAML reads JSON)
+
+
+def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s: float | None = None,
+             links: str = "static") -> dict:
     """One real run; with limit_s, stopped by SIGTERM at that wall time (it writes what it has)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         sets = {"population.clients": clients, "selection.clients_per_round": per_round, "rounds": rounds,
                 "task.synthetic.samples": SAMPLES_PER_CLIENT * clients, "network.transport": transport}
+        if links == "traced":
+            sets["population.links"] = traced_links()
         args = [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "emulator", "run", str(SCENARIO), "--plain", "--out", str(out), *args],
@@ -78,7 +100,7 @@ def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s:
             walls = [float(r["wall_s"]) for r in csv.DictReader(f)]
     network = summary.get("network") or {}
     steady = (walls[-1] - walls[0]) / (len(walls) - 1) if len(walls) > 1 else None  # (JSON has no NaN)
-    return {"clients": clients, "per_round": per_round, "transport": transport, "wall_s_per_round": steady,
+    return {"clients": clients, "per_round": per_round, "transport": transport, "links": links, "wall_s_per_round": steady,
             "events_per_s": network.get("events_per_s"), "pss_gib": summary["peak_pss_mib"] / 1024,
             "first_round_s": walls[0] if walls else None, "wall_s": wall, "rounds": len(walls),
             "emulated_s": summary["emulated_time_s"], "events": network.get("events"), "status": summary["status"]}
@@ -86,8 +108,10 @@ def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s:
 
 def growth_exponent(cases: list[dict], per_round: int, key: str = "wall_s_per_round") -> float | None:
     """g in key ~ N^g over the completed cases at `per_round`, a least-squares fit in log-log."""
+    kinds = {c["links"] for c in cases}
     points = [(math.log(c["clients"]), math.log(c[key])) for c in cases
-              if c["per_round"] == per_round and c["status"] == "completed" and (c[key] or 0) > 0]
+              if c["per_round"] == per_round and c["status"] == "completed" and (c[key] or 0) > 0
+              and (c["links"] == "static" or len(kinds) == 1)]
     if len(points) < 2:
         return None
     mx = sum(x for x, _ in points) / len(points)
@@ -105,8 +129,12 @@ def main() -> None:
                     help="stop each run at this wall time (SIGTERM) and report what it reached")
     ap.add_argument("--million", action="store_true",
                     help="only N = 1,000,000, P = 10,000, 5 rounds, stopped at 900 s")
+    ap.add_argument("--links", default="static", help="static, traced, or static,traced (each case both ways)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    kinds = a.links.split(",")
+    if not kinds or any(k not in ("static", "traced") for k in kinds):
+        sys.exit(f"--links: {a.links!r}: give static, traced or static,traced")
     if a.million:
         a.clients, a.per_round, a.rounds, a.limit_s = MILLION["clients"], MILLION["per_round"], MILLION["rounds"], MILLION["limit_s"]
     cases = []
@@ -114,26 +142,38 @@ def main() -> None:
         for clients in [int(n) for n in a.clients.split(",")]:
             if per_round * MIN_POPULATION_PER_SELECTED > clients:
                 continue
-            case = run_case(clients, per_round, a.rounds, a.transport, a.limit_s)
-            cases.append(case)
-            if a.json:
-                print(json.dumps({k: case[k] for k in ("clients", "per_round", "transport", "wall_s_per_round", "events_per_s",
-                                                       "pss_gib", "first_round_s", "wall_s", "rounds", "emulated_s",
-                                                       "status")}),
-                      flush=True)
-            else:
-                first = f"{case['first_round_s']:6.1f} s" if case["first_round_s"] is not None else "not reached"
-                per_round_s = f"{case['wall_s_per_round']:6.2f}" if case["wall_s_per_round"] is not None else "     -"
-                print(f"N = {clients:>7,}  P = {per_round:>5,}  {per_round_s} s/round  "
-                      f"first round at {first}  whole run {case['wall_s']:6.1f} s ({case['status']}, "
-                      f"{case['rounds']} rounds)  {case['events'] or 0:>9,} events  {case['events_per_s'] or 0:7.0f} events/s  "
-                      f"{case['pss_gib']:.2f} GiB PSS", flush=True)
+            static = None
+            for links in kinds:
+                case = run_case(clients, per_round, a.rounds, a.transport, a.limit_s, links)
+                cases.append(case)
+                if links == "static":
+                    static = case
+                elif static is not None:
+                    case["traced_wall_ratio"] = round(case["wall_s"] / static["wall_s"], 3)
+                    case["traced_pss_ratio"] = round(case["pss_gib"] / static["pss_gib"], 3)
+                report(case, a.json)
     for per_round in dict.fromkeys(c["per_round"] for c in cases):
         g, whole = growth_exponent(cases, per_round), growth_exponent(cases, per_round, "wall_s")
         if a.json:
             print(json.dumps({"per_round": per_round, "growth_exponent": g, "growth_exponent_whole_run": whole}))
         elif g is not None:
             print(f"P = {per_round:,}: wall time per round ~ N^{g:.3f}, whole run ~ N^{whole:.3f}")
+
+
+def report(case: dict, as_json: bool) -> None:
+    if as_json:
+        keys = ("clients", "per_round", "transport", "links", "wall_s_per_round", "events_per_s", "pss_gib",
+                "first_round_s", "wall_s", "rounds", "emulated_s", "status", "traced_wall_ratio", "traced_pss_ratio")
+        print(json.dumps({k: case[k] for k in keys if k in case}), flush=True)
+        return
+    first = f"{case['first_round_s']:6.1f} s" if case["first_round_s"] is not None else "not reached"
+    per_round_s = f"{case['wall_s_per_round']:6.2f}" if case["wall_s_per_round"] is not None else "     -"
+    ratios = (f"  (traced/static: whole run {case['traced_wall_ratio']:.2f}x, PSS {case['traced_pss_ratio']:.2f}x)"
+              if "traced_wall_ratio" in case else "")
+    print(f"N = {case['clients']:>7,}  P = {case['per_round']:>5,}  {case['links']:<6}  {per_round_s} s/round  "
+          f"first round at {first}  whole run {case['wall_s']:6.1f} s ({case['status']}, "
+          f"{case['rounds']} rounds)  {case['events'] or 0:>9,} events  {case['events_per_s'] or 0:7.0f} events/s  "
+          f"{case['pss_gib']:.2f} GiB PSS{ratios}", flush=True)
 
 
 if __name__ == "__main__":
