@@ -96,6 +96,10 @@ class SyntheticSpec(Strict):
     good_cv: float = Field(0.45, ge=0, description="coefficient of variation of the good periods' levels")
     good_step_s: float = Field(2.0, gt=0, description="how long a good level lasts before it is drawn again")
     duration_s: float = Field(600.0, gt=0, description="generated once per client, then looped")
+    pool: Optional[int] = Field(
+        None, ge=1, le=100000, description="null: a trace of its own per client; N: N traces for the link mix's direction, "
+                                           "each client one of them (seeded) from its own offset, as with files: a large "
+                                           "population's links then cost N traces, not one each")
 
     rules = (SumBelow(("fade_share", "outage_share"), 1.0, " (the good periods need some of the time)"),)
 

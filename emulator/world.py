@@ -239,7 +239,7 @@ def _clients(sc: Scenario, task: TaskSpec, rng: np.random.Generator, shards: lis
         if lk.traced:  # a traced direction's nominal rate is its trace's mean (the network follows the trace)
             for direction, spec in (("up", lk.up_trace), ("down", lk.down_trace)):
                 if spec is not None:
-                    ref, mean = traces.assign(spec, f"population.links[{links[i]}].{direction}_trace", i, direction)
+                    ref, mean = traces.assign(spec, f"population.links[{links[i]}].{direction}_trace", i, direction, links[i])
                     traced[(direction, profile.name)] = ref
                     up, down = (mean, down) if direction == "up" else (up, mean)
         fields = (up, down, lk.latency_ms / 1000.0, lk.jitter_ms / 1000.0, lk.loss, _queue_s(sc, lk.queue_ms),
@@ -263,6 +263,7 @@ class LinkTraces:
         root = sc.task.data_root or os.environ.get(datasets.ENV_DATA_ROOT)
         self.root = Path(root) if root else datasets.default_data_root()
         self.read: dict[TraceRef, Trace] = {}
+        self.fades: dict[int, SyntheticFades] = {}  # one generator description per spec, shared by its clients
 
     def files(self, spec, key: str) -> list[str]:
         patterns = [spec.files] if isinstance(spec.files, str) else list(spec.files)
@@ -276,14 +277,19 @@ class LinkTraces:
             found += hits
         return found
 
-    def assign(self, spec, key: str, index: int, direction: str) -> tuple[TraceRef, float]:
-        """Client `index`'s trace for one direction, and the trace's mean rate (bit/s)."""
-        rng = np.random.default_rng([self.sc.seed, index, 0x7ACE, 0 if direction == "up" else 1])
-        if spec.synthetic is not None:  # its own generated trace, from a seed of its own, made by the
-            # network when a flow first uses the link (most of a large population's never carry one)
-            fades = SyntheticFades(**spec.synthetic.model_dump())
-            ref = TraceRef("", 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop,
-                           fades, (self.sc.seed, index, 0x5F, 0 if direction == "up" else 1))
+    def assign(self, spec, key: str, index: int, direction: str, mix: int = 0) -> tuple[TraceRef, float]:
+        """Client `index`'s trace for one direction (its link mix's `mix`), and the trace's mean rate (bit/s)."""
+        side = 0 if direction == "up" else 1
+        rng = np.random.default_rng([self.sc.seed, index, 0x7ACE, side])
+        if spec.synthetic is not None:  # a generated trace, made by the network when a flow first uses
+            # the link (most of a large population's never carry one): the client's own, or one of the mix's pool
+            fades = self.fades.get(id(spec.synthetic))
+            if fades is None:
+                fades = self.fades[id(spec.synthetic)] = SyntheticFades(**spec.synthetic.model_dump(exclude={"pool"}))
+            pool = spec.synthetic.pool
+            seed = (self.sc.seed, index, 0x5F, side) if pool is None else \
+                (self.sc.seed, mix, 0x5F0, side, int(rng.integers(pool)))
+            ref = TraceRef("", 0.0, spec.format, spec.bin_ms / 1000.0, spec.loop, fades, seed)
             offset = float(rng.uniform(0.0, fades.period(ref.bin_s))) if spec.offset == "random" else 0.0
             return dataclasses.replace(ref, offset_s=offset), fades.mean_bps
         pool = self.files(spec, key)

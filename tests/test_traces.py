@@ -177,6 +177,29 @@ def test_clients_draw_their_trace_and_offset_seeded(tmp_path):
     assert {c.link.up_bps for c in first.clients} <= {5.5e6, 4e6}
 
 
+def test_a_pool_of_synthetic_traces_is_shared_from_offsets_of_each_clients_own(tmp_path):
+    """synthetic.pool: N: the clients of a mix draw one of N generated traces (seeded) and start each
+    from its own offset; the network makes each pooled trace once. Without a pool each has its own."""
+    from emulator.flows.traces import TraceRates
+    from emulator.world import build_world
+
+    path = tmp_path / "s.yaml"
+    pooled = SCENARIO.replace("clients: 4", "clients: 40") % "x"
+    path.write_text(pooled.replace("up_trace: {files: x}", "up_trace: {synthetic: {mean_mbps: 4, pool: 3}}"))
+    sc, _ = load_scenario(path)
+    first, second = build_world(sc), build_world(sc)
+    assert first.traces == second.traces and len(first.traces) == 40
+    assert len({ref.seed for ref in first.traces.values()}) == 3
+    assert len({ref.offset_s for ref in first.traces.values()}) == 40
+    rates = TraceRates(first.traces)
+    for link in first.traces:
+        rates.rate(link, 0.0)
+    assert len(rates.cache) == 3 and len({id(t) for t in rates.traces.values()}) == 3
+    path.write_text(pooled.replace("up_trace: {files: x}", "up_trace: {synthetic: {mean_mbps: 4}}"))
+    own = build_world(load_scenario(path)[0])
+    assert len({ref.seed for ref in own.traces.values()}) == 40
+
+
 @pytest.mark.parametrize("files, words", [
     ("'missing/*.log'", "up_trace.files: no trace file matches 'missing/*.log'"),
     ("bad.log", "up_trace: "),
@@ -262,6 +285,10 @@ def test_a_synthetic_traces_period_and_mean_are_known_without_making_it():
         rates = TraceRates({"up": TraceRef("", 1.0, bin_s=bin_s, synthetic=spec, seed=(3,))})
         assert rates.mean("up") == spec.mean_bps and not rates.traces  # (nothing generated to know it)
         assert rates.rate("up", 0.5) == max(1e3, trace.rate_at(1.5)) and rates.traces
+    from emulator.flows.traces import load_trace
+
+    once = load_trace(TraceRef("", 0.0, bin_s=0.1, loop=False, synthetic=SyntheticFades(8.0, duration_s=5.0), seed=(1,)))
+    assert not once.loop and once.next_change(4.95) == math.inf and once.rate_at(60.0) == once.rates[-1]
 
 
 def test_synthetic_shares_that_leave_no_good_period_are_refused():

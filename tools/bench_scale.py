@@ -28,6 +28,8 @@ Usage: python tools/bench_scale.py [--clients 1000,10000,100000] [--per-round 10
 per client and direction, emulator/flows/traces.py's SyntheticFades, its mean the profile's rate in
 scenarios/profiles.yaml); --links static,traced runs each case both ways, back to back, and adds
 traced_wall_ratio and traced_pss_ratio (traced over static, whole run and peak PSS) to the traced case.
+--trace-pool N gives each link mix and direction N generated traces that its clients share, each
+client from its own offset (synthetic.pool), instead of one per client.
 
 --json prints one object per case with keys clients, per_round, transport, links, wall_s_per_round,
 events_per_s, pss_gib (and first_round_s, wall_s, rounds, emulated_s, status), then one object per
@@ -56,26 +58,28 @@ STOP_GRACE_S = 180  # a run stopped at its limit writes its files within this
 MILLION = {"clients": "1000000", "per_round": "10000", "rounds": 5, "limit_s": 900.0}
 
 
-def traced_links() -> str:
-    """The scenario's link mixes, each direction a synthetic trace at its profile's mean rate."""
+def traced_links(pool: int | None = None) -> str:
+    """The scenario's link mixes, each direction a synthetic trace at its profile's mean rate (with
+    `pool`, one of that many per mix and direction)."""
     profiles = yaml.safe_load((ROOT / "scenarios" / "profiles.yaml").read_text())["links"]
+    extra = {"pool": pool} if pool else {}
     mixes = []
     for mix in yaml.safe_load(SCENARIO.read_text())["population"]["links"]:
         rates = profiles[mix["profile"]]
-        mixes.append({**mix, "up_trace": {"synthetic": {"mean_mbps": rates["up_mbps"]}},
-                      "down_trace": {"synthetic": {"mean_mbps": rates["down_mbps"]}}})
+        mixes.append({**mix, "up_trace": {"synthetic": {"mean_mbps": rates["up_mbps"], **extra}},
+                      "down_trace": {"synthetic": {"mean_mbps": rates["down_mbps"], **extra}}})
     return json.dumps(mixes)  # (YAML reads JSON)
 
 
 def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s: float | None = None,
-             links: str = "static") -> dict:
+             links: str = "static", trace_pool: int | None = None) -> dict:
     """One real run; with limit_s, stopped by SIGTERM at that wall time (it writes what it has)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         sets = {"population.clients": clients, "selection.clients_per_round": per_round, "rounds": rounds,
                 "task.synthetic.samples": SAMPLES_PER_CLIENT * clients, "network.transport": transport}
         if links == "traced":
-            sets["population.links"] = traced_links()
+            sets["population.links"] = traced_links(trace_pool)
         args = [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "emulator", "run", str(SCENARIO), "--plain", "--out", str(out), *args],
@@ -100,7 +104,8 @@ def run_case(clients: int, per_round: int, rounds: int, transport: str, limit_s:
             walls = [float(r["wall_s"]) for r in csv.DictReader(f)]
     network = summary.get("network") or {}
     steady = (walls[-1] - walls[0]) / (len(walls) - 1) if len(walls) > 1 else None  # (JSON has no NaN)
-    return {"clients": clients, "per_round": per_round, "transport": transport, "links": links, "wall_s_per_round": steady,
+    return {"clients": clients, "per_round": per_round, "transport": transport, "links": links,
+            "trace_pool": trace_pool if links == "traced" else None, "wall_s_per_round": steady,
             "events_per_s": network.get("events_per_s"), "pss_gib": summary["peak_pss_mib"] / 1024,
             "first_round_s": walls[0] if walls else None, "wall_s": wall, "rounds": len(walls),
             "emulated_s": summary["emulated_time_s"], "events": network.get("events"), "status": summary["status"]}
@@ -130,6 +135,8 @@ def main() -> None:
     ap.add_argument("--million", action="store_true",
                     help="only N = 1,000,000, P = 10,000, 5 rounds, stopped at 900 s")
     ap.add_argument("--links", default="static", help="static, traced, or static,traced (each case both ways)")
+    ap.add_argument("--trace-pool", type=int, default=None,
+                    help="traced links: N generated traces per link mix and direction, shared (default: one per client)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     kinds = a.links.split(",")
@@ -144,7 +151,7 @@ def main() -> None:
                 continue
             static = None
             for links in kinds:
-                case = run_case(clients, per_round, a.rounds, a.transport, a.limit_s, links)
+                case = run_case(clients, per_round, a.rounds, a.transport, a.limit_s, links, a.trace_pool)
                 cases.append(case)
                 if links == "static":
                     static = case
@@ -162,7 +169,7 @@ def main() -> None:
 
 def report(case: dict, as_json: bool) -> None:
     if as_json:
-        keys = ("clients", "per_round", "transport", "links", "wall_s_per_round", "events_per_s", "pss_gib",
+        keys = ("clients", "per_round", "transport", "links", "trace_pool", "wall_s_per_round", "events_per_s", "pss_gib",
                 "first_round_s", "wall_s", "rounds", "emulated_s", "status", "traced_wall_ratio", "traced_pss_ratio")
         print(json.dumps({k: case[k] for k in keys if k in case}), flush=True)
         return

@@ -198,7 +198,9 @@ def parse_trace(text: str, name: str, fmt: str = "auto", bin_s: float = DEFAULT_
 
 def load_trace(ref: TraceRef) -> Trace:
     if ref.synthetic is not None:
-        return ref.synthetic.trace(list(ref.seed), ref.bin_s)
+        trace = ref.synthetic.trace(list(ref.seed), ref.bin_s)
+        trace.loop = ref.loop  # (without a loop, the last bin's rate holds)
+        return trace
     path = Path(ref.path)
     try:
         text = path.read_text()
