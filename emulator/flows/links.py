@@ -9,6 +9,7 @@ so capacity a window-limited flow cannot use goes to the others."""
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -593,12 +594,9 @@ def simulate(model: FlowModel, transfers: Sequence[Mapping[str, Any]], traces: A
     changes at the trace's bin boundaries while a flow uses the link. With `together`, flows that
     start at one instant get their rates once, as the network process adds them. Returns each
     transfer's (start, arrival): for tests, benchmarks and the validation tool's model side."""
-    import heapq
-
     out: list[list[float]] = [[INF, INF] for _ in transfers]
-    # (t, kind, flow, n, payload): the events of one instant in flow order (capacity changes first),
-    # as the network process takes them by sender and transfer, not in the order a solver handed
-    # them out (which differs between solvers: flows in lockstep would swap roles)
+    # (t, kind, flow, n, payload): one instant's events in flow order (capacity changes first), as the network
+    # takes them by sender and transfer, not as a solver hands them out (flows in lockstep would swap roles)
     events: list[tuple[float, int, int, int, Any]] = []
     seq, on_link, watched = 0, {}, set()  # traced link -> flows on it; traced links with a change on the clock
 
