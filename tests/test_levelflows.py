@@ -115,9 +115,7 @@ def test_a_flagship_like_round_is_the_scratch_models(traced):
     import bench_flows
 
     def traces(capacity):
-        return TraceRates({("up", c): TraceRef("", float(np.random.default_rng([0, c]).uniform(0, 600)),
-                                               synthetic=SyntheticFades(mean_mbps=capacity[("up", c)] / 1e6), seed=(0, c))
-                           for c in range(60)}) if traced else None
+        return bench_flows.traced_uplinks(capacity, 60) if traced else None
 
     model, transfers = bench_flows.tcp_round(60)
     want = simulate(model, transfers, traces=traces(model.capacity))

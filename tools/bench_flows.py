@@ -146,6 +146,14 @@ def measure_tcp_round(clients: int) -> dict:
             "round_s": round(max(b for _, b in results["compiled"]), 3)}
 
 
+def traced_uplinks(capacity: dict, population: int, seed: int = 0) -> TraceRates:
+    """Every client's uplink on a synthetic trace of its own from a seeded offset, its mean the link's
+    static rate (8 Mbit/s for a client without one in `capacity`: an idle member of the population)."""
+    return TraceRates({("up", c): TraceRef("", float(np.random.default_rng([seed, c]).uniform(0, 600)),
+                                           synthetic=SyntheticFades(mean_mbps=capacity.get(("up", c), 8e6) / 1e6),
+                                           seed=(seed, c)) for c in range(population)})
+
+
 def measure_traced_round(clients: int, population: int = 1000, seed: int = 0, solver: str = "scratch") -> dict:
     """The tcp round on static links and with every uplink traced (mean: its static rate), best of
     two each, alternately; the population's other uplinks are traced too, idle (a link without a
@@ -167,10 +175,7 @@ def measure_traced_round(clients: int, population: int = 1000, seed: int = 0, so
                 model = IncrementalFlowModel(model.capacity, model.transport, model.queue_s)
             traces = None
             if name == "traced":
-                uplinks = [("up", c) for c in range(max(clients, population))]
-                traces = TraceRates({link: TraceRef("", float(np.random.default_rng([seed, link[1]]).uniform(0, 600)),
-                                                    synthetic=SyntheticFades(mean_mbps=model.capacity.get(link, 8e6) / 1e6),
-                                                    seed=(seed, link[1])) for link in uplinks})
+                traces = traced_uplinks(model.capacity, max(clients, population), seed)
             changes["n"] = 0
             model_class.set_capacity = counted
             try:

@@ -50,6 +50,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from emulator.scenario import DEFAULT_PROFILES, load_profiles  # noqa: E402
 SCENARIO = ROOT / "scenarios" / "population_100k.yaml"
 SAMPLES_PER_CLIENT = 2  # the scenario's 200,000 synthetic samples for 100,000 clients
 MIN_POPULATION_PER_SELECTED = 4  # a quarter of the population is off at any time: P above N/4 is not a round
@@ -61,7 +64,7 @@ MILLION = {"clients": "1000000", "per_round": "10000", "rounds": 5, "limit_s": 9
 def traced_links(pool: int | None = None) -> str:
     """The scenario's link mixes, each direction a synthetic trace at its profile's mean rate (with
     `pool`, one of that many per mix and direction)."""
-    profiles = yaml.safe_load((ROOT / "scenarios" / "profiles.yaml").read_text())["links"]
+    profiles = load_profiles(DEFAULT_PROFILES)["links"]
     extra = {"pool": pool} if pool else {}
     mixes = []
     for mix in yaml.safe_load(SCENARIO.read_text())["population"]["links"]:

@@ -210,12 +210,10 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         return False, self._rebalance(force=fid)
 
     def set_capacity(self, link: Hashable, bps: float) -> list[tuple[Hashable, float, int]]:
-        """A traced link's next bin, as FlowModel.set_capacity: its queue drains at the new rate
-        (which moves the caps of the windows that read it), and its flows are placed again."""
-        self.capacity[link] = bps
-        self._link_queue(link)
+        """A traced link's next bin: its flows placed again in the solver, then FlowModel's (the queue
+        drains at the new rate, which moves the caps of the windows that read it, and a rebalance)."""
         self.mm.set_capacity(link, bps)
-        return self._rebalance()
+        return super().set_capacity(link, bps)
 
     def set_idle_capacity(self, link: Hashable, bps: float) -> None:
         super().set_idle_capacity(link, bps)
