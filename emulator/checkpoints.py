@@ -46,6 +46,7 @@ class Checkpoints:
         self.waiting = {p for p, actors in net.peer_actors.items() if p != CONDUCTOR and not set(actors) <= net.dead}
         limit = net.cfg.max_message_bytes
         chunk = max(MIN_PART_BYTES, limit // 2) if limit > 0 else 64 * MIN_PART_BYTES
+        net.batches.flush(sock)  # the deliveries before it (quiet ones hold nothing) reach each peer first
         for peer in sorted(self.waiting):
             # a host on another machine cannot write into this run directory: it sends its part
             path = "" if peer in net.cfg.remote_peers else os.path.join(staging, f"{peer}.pkl")

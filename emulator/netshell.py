@@ -64,18 +64,18 @@ def _poll_once(net: Any, sock: zmq.Socket, waited: Counter) -> bool:
     timeout, pacing = POLL_MS, False
     if net.queue and net.clock.may_run_head():
         timeout, pacing = min(POLL_MS, max(0, math.ceil(net.clock.due_in() * 1000))), True
-    waiting_for = ("realtime" if pacing else net.waiting_for()) if timeout else None
+    waiting = ("realtime" if pacing else waiting_for(net)) if timeout else None
     began = time.monotonic()
     ready = sock.poll(timeout)
-    if waiting_for is not None:
-        waited[waiting_for] += time.monotonic() - began
+    if waiting is not None:
+        waited[waiting] += time.monotonic() - began
     if ready:
         while sock.poll(0):
             frames = sock.recv_multipart(copy=False)
             net.receive(bytes(frames[0].buffer), frames[1:])
     elif timeout and net.cfg.parent_pid is not None and os.getppid() != net.cfg.parent_pid:
         return False
-    net._watch_peers()
+    watch_peers(net)
     for _ in range(BATCH):
         if not net.step(sock):
             break
@@ -99,3 +99,36 @@ def _say_goodbye(net: Any, sock: zmq.Socket, waited: Counter) -> None:
             except zmq.ZMQError:
                 pass
     time.sleep(0.05)
+
+
+def waiting_for(net: Any) -> str:
+    """Why the clock stands still while this process waits for a message (and no event is
+    only waiting for its wall-clock time, in realtime mode): the run has not started, an actor
+    has not answered a delivery yet (its host's reply is on the clock's path), an actor's
+    declared work is not finished (real training), or nothing at all is pending."""
+    if not net.started:
+        return "start"
+    if net.holds.unanswered:
+        return "answers"
+    return "work" if net.holds else "messages"
+
+def watch_peers(net: Any) -> None:
+    """Once a second: tell the conductor of refused messages, and of peers gone silent. A peer
+    whose last heartbeat said it was in the middle of a long job gets as long again."""
+    now = time.monotonic()
+    if now - getattr(net, "_last_watch", 0.0) < 1.0:
+        return
+    net._last_watch = now
+    for refusal in net.zap.refusals() if net.zap is not None else []:
+        net.to_conductor("report", {"type": "refused_key", "by": "network", **refusal, "t_net": net.now})
+    if net.guard.changed:
+        net.to_conductor("report", {"type": "refused_messages", **net.guard.counts(), "t_net": net.now})
+    if net.cfg.peer_timeout_s is None:
+        return
+    for peer in net.guard.greeted:
+        if peer == CONDUCTOR or peer in net.reported_silent or peer not in net.last_heard:
+            continue
+        silent = now - net.last_heard[peer]
+        if silent > max(net.cfg.peer_timeout_s, 2 * net.busy_for.get(peer, 0.0)):
+            net.reported_silent.add(peer)
+            net.to_conductor("report", {"type": "peer_silent", "peer": peer, "silent_s": silent, "t_net": net.now})

@@ -20,6 +20,7 @@ import zmq
 from node.lifecycle import settle_heap
 from protocol import envelope
 from protocol import curve
+from protocol.batch import RouterBatches
 from protocol.curve import ZapHandler
 
 from .barriers import Barriers
@@ -46,6 +47,9 @@ class Network:
         self.barriers = Barriers(self)
         self._outbox: list[bytes] = []
         self._to_peers: list[tuple[str, list[Any]]] = []  # heartbeat answers, sent before any delivery
+        # frameless deliveries wait per peer and cross as one message (protocol/batch.py); one that
+        # cannot reach its peer (gone) releases its hold, as a failed send does
+        self.batches = RouterBatches(self._unreachable)
         self.zap: ZapHandler | None = None  # with cfg.listen: who may connect over TCP (emulator/netshell.py)
         self._answer_records: list[tuple[int, bytes]] = []  # see _on_done
         self.hold_ids = itertools.count()
@@ -72,7 +76,7 @@ class Network:
             "alive": self._on_alive, "hello": self._on_hello, "send": self._on_send, "done": self._on_done,
             "timer": self._on_timer, "report": self._on_report, "checkpoint": self._on_checkpoint,
             "halt": self._on_halt, "snapshot_done": self._on_snapshot_done, "snapshot_part": self._on_snapshot_part,
-            "barrier": self._on_barrier,
+            "barrier": self._on_barrier, "batch": self._on_batch,
         }
         self.conductor_handlers = {"peer_lost": lambda env: self._on_peer_lost(env["peer"]),
                                    "stop": lambda env: setattr(self, "stopping", True)}
@@ -111,19 +115,38 @@ class Network:
             return
         self.on_message(peer, frames)
 
+    def _on_batch(self, peer: str, env: dict[str, Any], payload: list[Any]) -> None:
+        """A peer's frameless envelopes in one message: each handled as if it had come alone."""
+        if payload:
+            self._refuse(peer, "a batch with payload frames")
+            return
+        for part in env["parts"]:
+            self.on_envelope(peer, part, [], nested=True)
+
+    def _unreachable(self, holds: list[int]) -> None:
+        for hold in holds:
+            if hold is not None and hold in self.holds:  # (None: a quiet delivery, which holds nothing)
+                del self.holds[hold]
+
     def _refuse(self, peer: str, reason: str) -> None:
         self.guard.refuse(peer.encode(), reason)
 
     def on_message(self, peer: str, frames: list[Any]) -> None:
+        self.on_envelope(peer, frames[0].buffer, frames[1:])
+
+    def on_envelope(self, peer: str, header: Any, payload: list[Any], nested: bool = False) -> None:
         try:
-            env = envelope.unpack(frames[0].buffer)
+            env = envelope.unpack(header)
         except envelope.ProtocolError as exc:
             self._refuse(peer, str(exc))
             return
         op = env["op"]
+        if nested and op == "batch":
+            self._refuse(peer, "a batch inside a batch")
+            return
         handler = self.handlers.get(op)
         if handler is not None:
-            handler(peer, env, frames[1:])
+            handler(peer, env, payload)
         elif peer == CONDUCTOR and op in self.conductor_handlers:
             self.conductor_handlers[op](env)
         else:
@@ -321,6 +344,10 @@ class Network:
                                **({"quiet": True} if quiet else {}), **env)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("t=%.6f deliver %s -> %s %s (round %s) to %s", self.now, env["src"], dst, env["kind"], env["round"], peer)
+        if not frames:
+            self.batches.add(sock, peer, header, None if quiet else hold)
+            return
+        self.batches.flush_peer(sock, peer)  # what was queued for the peer goes first
         try:
             sock.send_multipart([peer.encode(), header, *frames], copy=False)
         except zmq.ZMQError:
@@ -333,39 +360,8 @@ class Network:
     def to_conductor(self, op: str, body: dict) -> None:
         self._outbox.append(envelope.pack(op, body=body))
 
-    def waiting_for(self) -> str:
-        """Why the clock stands still while this process waits for a message (and no event is
-        only waiting for its wall-clock time, in realtime mode): the run has not started, an actor
-        has not answered a delivery yet (its host's reply is on the clock's path), an actor's
-        declared work is not finished (real training), or nothing at all is pending."""
-        if not self.started:
-            return "start"
-        if self.holds.unanswered:
-            return "answers"
-        return "work" if self.holds else "messages"
-
-    def _watch_peers(self) -> None:
-        """Once a second: tell the conductor of refused messages, and of peers gone silent. A peer
-        whose last heartbeat said it was in the middle of a long job gets as long again."""
-        now = time.monotonic()
-        if now - getattr(self, "_last_watch", 0.0) < 1.0:
-            return
-        self._last_watch = now
-        for refusal in self.zap.refusals() if self.zap is not None else []:
-            self.to_conductor("report", {"type": "refused_key", "by": "network", **refusal, "t_net": self.now})
-        if self.guard.changed:
-            self.to_conductor("report", {"type": "refused_messages", **self.guard.counts(), "t_net": self.now})
-        if self.cfg.peer_timeout_s is None:
-            return
-        for peer in self.guard.greeted:
-            if peer == CONDUCTOR or peer in self.reported_silent or peer not in self.last_heard:
-                continue
-            silent = now - self.last_heard[peer]
-            if silent > max(self.cfg.peer_timeout_s, 2 * self.busy_for.get(peer, 0.0)):
-                self.reported_silent.add(peer)
-                self.to_conductor("report", {"type": "peer_silent", "peer": peer, "silent_s": silent, "t_net": self.now})
-
     def _flush_peers(self, sock: zmq.Socket) -> None:
+        self.batches.flush(sock)
         for peer, parts in self._to_peers:
             try:
                 sock.send_multipart([peer.encode(), *parts], zmq.NOBLOCK, copy=False)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import zmq
 
 from protocol import envelope
+from protocol.batch import BatchingDealer
 from protocol.reportparts import report_parts
 from .actor import Actor, Message, Reaction, moves_clock, quiet_kinds
 from .executor import WorkExecutor
@@ -215,12 +216,13 @@ class Runtime:
 
     def run(self) -> None:
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.peer.encode())
-        sock.setsockopt(zmq.LINGER, 2000)
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.IDENTITY, self.peer.encode())
+        raw.setsockopt(zmq.LINGER, 2000)
         if self.secure is not None:
-            self.secure(sock)
-        sock.connect(self.endpoint)
+            self.secure(raw)
+        raw.connect(self.endpoint)
+        sock = BatchingDealer(raw)  # this process's answers: the frameless ones go in batches
         wake_address = f"inproc://wake-{id(self)}"
         wake_sock = ctx.socket(zmq.PULL)
         wake_sock.bind(wake_address)
@@ -235,11 +237,11 @@ class Runtime:
             for kind in sorted(quiet_kinds(actor)):
                 quiet.setdefault(kind, []).append(name)
         for part in envelope.hello_parts(self.peer, list(self.actors), quiet):
-            sock.send(part)
+            raw.send(part)
         if self.announce:
-            sock.send(envelope.pack("report", body={"peer": self.peer, **self.announce}))
+            raw.send(envelope.pack("report", body={"peer": self.peer, **self.announce}))
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        poller.register(raw, zmq.POLLIN)
         poller.register(wake_sock, zmq.POLLIN)
         self._last_beat = last_heard = time.monotonic()
         try:
@@ -247,7 +249,7 @@ class Runtime:
                 events = dict(poller.poll(POLL_MS))
                 if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     return  # the conductor is gone: never outlive it
-                if sock in events:
+                if raw in events:
                     last_heard = time.monotonic()
                 elif self.silence_s is not None and time.monotonic() - last_heard > self.silence_s:
                     log.warning("[%s] the network has not answered for %.0f s: leaving the run", self.peer, self.silence_s)
@@ -257,25 +259,13 @@ class Runtime:
                     while wake_sock.poll(0):
                         wake_sock.recv()
                     self._drain(sock)
-                if sock in events:
-                    while sock.poll(0):
+                if raw in events:
+                    while raw.poll(0):
                         self._heartbeat(sock)  # a long backlog of deliveries must not look like silence
-                        frames = sock.recv_multipart(copy=False)
-                        try:
-                            env = envelope.unpack(frames[0].buffer)
-                        except envelope.ProtocolError as exc:
-                            self._refuse(str(exc))
-                            continue
-                        if env["op"] == "stop":
+                        frames = raw.recv_multipart(copy=False)
+                        if not self._on_message(sock, frames[0].buffer, frames[1:]):
                             return
-                        if env["op"] == "deliver":
-                            self._deliver(sock, env, frames[1:])
-                        elif env["op"] == "snapshot":
-                            self._snapshot(sock, env["path"], int(env.get("chunk") or 0))
-                        elif env["op"] == "alive_ack":
-                            pass
-                        else:
-                            self._refuse(f"op {env['op']!r} is not one the network sends")
+                sock.flush()
         finally:
             self.work.stop()
             self._reports.put(None)
@@ -283,6 +273,28 @@ class Runtime:
                 close()
             ctx.destroy(linger=0)
             self._join(threads)
+
+    def _on_message(self, sock: BatchingDealer, header: Any, frames: list[Any], nested: bool = False) -> bool:
+        """One envelope from the network (each part of a batch in turn); False: stop."""
+        try:
+            env = envelope.unpack(header)
+        except envelope.ProtocolError as exc:
+            self._refuse(str(exc))
+            return True
+        op = env["op"]
+        if op == "deliver":
+            self._deliver(sock, env, frames)
+        elif op == "batch" and not nested and not frames:
+            for part in env["parts"]:
+                if not self._on_message(sock, part, [], nested=True):
+                    return False
+        elif op == "stop":
+            return False
+        elif op == "snapshot":
+            self._snapshot(sock, env["path"], int(env.get("chunk") or 0))
+        elif op != "alive_ack":
+            self._refuse(f"op {op!r} is not one the network sends" if op != "batch" else "a batch inside a batch")
+        return True
 
     def _join(self, threads: list[threading.Thread]) -> None:
         """Wait for the job in progress to end. A thread left inside a torch operation when the

@@ -61,6 +61,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "barrier": {"actor": _STR, "at": _NUM, "round": _INT},
     "halt": {"actor": _STR, "at": _NUM},  # the server finished the run at `at`: the clock stops there
     "stop": {},
+    # envelopes without payload frames sent to one peer in a row, in order (protocol/batch.py); never nested
+    "batch": {"parts": _LIST},
     # the conductor's lobby, where a host on another machine joins a run
     "join": {"host": _STR, "pid": _INT, "slot": _STR},  # which machine and process asks, for which slot ("": any)
     "welcome": {"peer": _STR, "index": _INT, "scenario": _MAP, "fingerprint": _STR, "network_port": _INT,
@@ -140,6 +142,8 @@ def unpack(frame: Any) -> dict[str, Any]:
         raise ProtocolError(f"{op}: message kind {env['kind']!r} unknown")
     if op == "send" and isinstance(env["dst"], list) and not all(isinstance(d, str) for d in env["dst"]):
         raise ProtocolError(f"{op}: dst list must hold actor names")
+    if op == "batch" and not all(isinstance(p, bytes) for p in env["parts"]):
+        raise ProtocolError("batch: parts must be packed envelopes")
     if op == "hello" and not all(isinstance(a, str) for a in env["actors"]):
         raise ProtocolError("hello: actors must be actor names")
     if op == "hello" and not all(kind in KINDS and isinstance(names, list) and all(isinstance(a, str) for a in names)

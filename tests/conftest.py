@@ -140,3 +140,21 @@ def network_endpoint(conductor_pid: int, timeout: float = 30) -> str:
                     return "ipc://" + conn.laddr
         time.sleep(0.1)
     raise AssertionError("no network process listening")
+
+
+def greeted_network(cfg):
+    """A Network object (no process, no socket) built from cfg, every peer of cfg.peers greeted,
+    with nothing queued or reported yet: for tests that feed it frames and step it by hand."""
+    import io  # noqa: PLC0415  (this module is imported by every test)
+
+    import zmq  # noqa: PLC0415
+    from emulator.network import Network  # noqa: PLC0415
+    from protocol import envelope  # noqa: PLC0415
+
+    net = Network(cfg)
+    net.guard.log = io.StringIO()
+    for peer, actors in cfg.peers.items():
+        net.receive(peer.encode(), [zmq.Frame(envelope.pack("hello", peer=peer, actors=actors))])
+    net.queue.clear()
+    net._outbox.clear()
+    return net

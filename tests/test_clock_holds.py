@@ -23,7 +23,9 @@ class Wire:
         self.sent: list[tuple[str, dict]] = []
 
     def send_multipart(self, frames, copy=True):
-        self.sent.append((frames[0].decode(), msgpack.unpackb(frames[1])))
+        env = msgpack.unpackb(frames[1])
+        parts = [msgpack.unpackb(p) for p in env["parts"]] if env["op"] == "batch" else [env]
+        self.sent += [(frames[0].decode(), part) for part in parts]
 
 
 def network(devices=None, link: Link | None = None) -> Network:
@@ -47,6 +49,7 @@ def deliver_at(net: Network, t: float, dst: str, n: int) -> None:
 def run(net: Network, wire: Wire) -> None:
     while net.step(wire):
         pass
+    net.batches.flush(wire)  # the frameless deliveries wait for the end of the network's loop
 
 
 def done(net: Network, peer: str, actor: str, hold: int, busy_until=None, busy_s=None) -> None:

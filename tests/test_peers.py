@@ -11,6 +11,7 @@ from emulator.flows.links import INF
 from emulator.clock import FlowStart, Tick
 from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
 from emulator.network import Network
+from emulator.netshell import watch_peers
 from emulator.peers import PeerGuard, identity_label
 from protocol import envelope
 
@@ -176,9 +177,9 @@ def test_heartbeats_keep_a_peer_alive_and_silence_is_reported_once(monkeypatch):
     net.receive(b"host0", frames(envelope.pack("alive", busy_s=0.0)))
     net.receive(b"host1", frames(envelope.pack("alive", busy_s=8.0)))  # 8 s into a long job
     clock[0] += 4.0
-    net._watch_peers()  # server: silent 8 s; host0: 4 s; host1: 4 s
+    watch_peers(net)  # server: silent 8 s; host0: 4 s; host1: 4 s
     assert [r["peer"] for r in reports(net) if r["type"] == "peer_silent"] == ["server"]
     clock[0] += 6.0
     net._last_watch = 0.0
-    net._watch_peers()  # host0 now 10 s silent; host1 10 s but allowed 16 s; server already reported
+    watch_peers(net)  # host0 now 10 s silent; host1 10 s but allowed 16 s; server already reported
     assert sorted(r["peer"] for r in reports(net) if r["type"] == "peer_silent") == ["host0", "server"]

@@ -19,7 +19,11 @@ class Wire:
         self.sent: list[tuple[str, dict, list[bytes]]] = []
 
     def send_multipart(self, frames, copy=True):
-        self.sent.append((frames[0].decode(), msgpack.unpackb(frames[1]), [bytes(f) for f in frames[2:]]))
+        env = msgpack.unpackb(frames[1])
+        if env["op"] == "batch":  # frameless deliveries, queued by the network and sent together
+            self.sent += [(frames[0].decode(), msgpack.unpackb(p), []) for p in env["parts"]]
+            return
+        self.sent.append((frames[0].decode(), env, [bytes(f) for f in frames[2:]]))
 
 
 def network() -> Network:
@@ -41,6 +45,7 @@ def send(net: Network, dst, payload: bytes, n: int) -> None:
 def deliveries(net: Network) -> list[tuple[str, str, int, list[bytes]]]:
     wire = Wire()
     while net.step(wire):
+        net.batches.flush(wire)
         for _, env, _ in wire.sent:
             if env["op"] == "deliver":  # answer at once: these actors do no modelled work
                 net.receive(_peer(env["dst"]).encode(), [zmq.Frame(envelope.pack(

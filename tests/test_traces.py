@@ -1,17 +1,16 @@
 """Trace-driven link capacity (emulator/flows/traces.py): both formats parsed by hand-counted
 tables, malformed files named by file and line, and a transfer over a two-level trace through the
 network process's own code with its time by hand (fluid transport)."""
-import io
 import math
 from pathlib import Path
 
 import pytest
 import zmq
 
+from conftest import greeted_network
 from emulator.flows.links import FlowModel, Framing
 from emulator.flows.traces import PACKET_BITS, TraceError, TraceRef, parse_trace
 from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
-from emulator.network import Network
 from emulator.scenario import ScenarioError, load_scenario
 from protocol import envelope
 
@@ -118,12 +117,7 @@ def transfer_end(tmp_path: Path, payload: int, offset_s: float) -> tuple[float, 
     links = {"server": Link(), "c0": Link(up_bps=1e6, down_bps=1e6)}
     cfg = NetworkConfig("inproc://unused", PEERS, links, framing=Framing(0, 0, 0),
                         traces={("up", "c0"): TraceRef(str(trace), offset_s, "series", 0.1)})
-    net = Network(cfg)
-    net.guard.log = io.StringIO()
-    for peer, actors in PEERS.items():
-        net.receive(peer.encode(), [zmq.Frame(envelope.pack("hello", peer=peer, actors=actors))])
-    net.queue.clear()
-    net._outbox.clear()
+    net = greeted_network(cfg)
     records = []
     net.record = lambda rec: records.extend(rec.get("transfers", []))
     net.transfers.record = net.record
