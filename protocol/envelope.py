@@ -122,23 +122,27 @@ def unpack(frame: Any) -> dict[str, Any]:
     schema = SCHEMA.get(op)
     if schema is None:
         raise ProtocolError(f"op {op!r} unknown")
-    extra = set(env) - set(schema) - {"v", "op"}
-    if extra:
-        raise ProtocolError(f"{op}: unexpected fields {sorted(extra)}")
-    for field, kind in schema.items():
-        if isinstance(kind, Defaulted):
-            if field not in env:
-                env[field] = kind.default
-                continue
-            kind = kind.kind
-        elif field not in env:
+    if not env.keys() <= _ALLOWED[op]:
+        raise ProtocolError(f"{op}: unexpected fields {sorted(set(env) - _ALLOWED[op])}")
+    for field, kind, default in _FIELDS[op]:
+        if field in env:
+            value = env[field]
+        elif default is _REQUIRED:
             raise ProtocolError(f"{op}: field {field!r} missing")
-        value = env[field]
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        else:
+            env[field] = default
+            continue
+        if not isinstance(value, kind) or (value.__class__ is bool and kind is not bool):
             raise ProtocolError(f"{op}: field {field!r} has the wrong type ({type(value).__name__})")
-        if isinstance(value, (int, float)):
-            _check_number(op, field, value)
-    if "kind" in schema and env["kind"] not in KINDS:
+        if isinstance(value, (int, float)) and not (_LOW <= value <= _HIGH and (value >= 0 or field not in _NOT_NEGATIVE)):
+            _check_number(op, field, value)  # (says what is wrong: the test above lets only good numbers past)
+    _check_contents(op, env)
+    return env
+
+
+def _check_contents(op: str, env: dict[str, Any]) -> None:
+    """What the fields hold, once their types are right: known kinds, names where names belong."""
+    if "kind" in SCHEMA[op] and env["kind"] not in KINDS:
         raise ProtocolError(f"{op}: message kind {env['kind']!r} unknown")
     if op == "send" and isinstance(env["dst"], list) and not all(isinstance(d, str) for d in env["dst"]):
         raise ProtocolError(f"{op}: dst list must hold actor names")
@@ -149,7 +153,15 @@ def unpack(frame: Any) -> dict[str, Any]:
     if op == "hello" and not all(kind in KINDS and isinstance(names, list) and all(isinstance(a, str) for a in names)
                                  for kind, names in env["quiet"].items()):
         raise ProtocolError("hello: quiet must map message kinds to actor names")
-    return env
+
+
+_REQUIRED = object()
+# each op's fields as unpack checks them: (name, accepted types, default or _REQUIRED), and every key it may carry
+_FIELDS = {op: tuple((field, kind.kind, kind.default) if isinstance(kind, Defaulted) else (field, kind, _REQUIRED)
+                     for field, kind in schema.items()) for op, schema in SCHEMA.items()}
+_ALLOWED = {op: frozenset(schema) | {"v", "op"} for op, schema in SCHEMA.items()}
+_LOW, _HIGH = INT64  # a number between them is finite and fits in 64 bits (NaN fails every comparison)
+_NOT_NEGATIVE = NONNEGATIVE | {"t"}
 
 
 def _check_number(op: str, field: str, value: float) -> None:

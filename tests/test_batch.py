@@ -1,6 +1,9 @@
 """Frameless envelopes cross in batches (protocol/batch.py): over real ZeroMQ sockets, in order, a
 message with payload frames never overtaking what was queued before it; the network handles each
 part of a peer's batch as if it had come alone, and refuses what it would refuse alone."""
+import math
+import random
+
 import msgpack
 import pytest
 import zmq
@@ -125,3 +128,58 @@ def test_a_checkpoint_sends_the_queued_deliveries_before_it_asks_for_snapshots(t
                                                   hold=0, body={}, device=None, shared=0, quiet=True), None)
     net.checkpoints.begin(Wire(), 0)
     assert sent[0] == (b"host0", "deliver") and {op for _, op in sent[1:]} == {"snapshot"}
+
+
+def reference_unpack(frame: bytes) -> dict:
+    """The field checks as envelope.unpack made them before they were precompiled: the oracle."""
+    env = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    schema = envelope.SCHEMA[env["op"]]
+    extra = set(env) - set(schema) - {"v", "op"}
+    if extra:
+        raise envelope.ProtocolError(f"{env['op']}: unexpected fields {sorted(extra)}")
+    for field, kind in schema.items():
+        if isinstance(kind, envelope.Defaulted):
+            if field not in env:
+                env[field] = kind.default
+                continue
+            kind = kind.kind
+        elif field not in env:
+            raise envelope.ProtocolError(f"{env['op']}: field {field!r} missing")
+        value = env[field]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise envelope.ProtocolError(f"{env['op']}: field {field!r} has the wrong type ({type(value).__name__})")
+        if isinstance(value, (int, float)):
+            envelope._check_number(env["op"], field, value)
+    envelope._check_contents(env["op"], env)
+    return env
+
+
+def test_the_precompiled_field_checks_accept_and_refuse_exactly_what_the_plain_ones_did():
+    rng = random.Random(3)
+    values = [0, 1, -1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63), 0.0, -0.0, -1e-300, 1.5, 1e19, -1e19, math.inf,
+              -math.inf, math.nan, True, False, None, "c0", "", b"x", [], ["a"], [1], {}, {"a": 1}]
+    good = {"send": dict(src="c0", dst="server", kind="update", round=0, t=0.0, n=0, body={}, payload=0, fp32=0),
+            "deliver": dict(src="a", dst="c2", kind="task", round=0, t=0.0, hold=1, body={}, device=None, shared=0),
+            "done": dict(actor="c0", hold=3, busy_until=None, busy_s=None),
+            "timer": dict(actor="c0", at=1.0, tag="x"), "hello": dict(peer="h", actors=["c0"]),
+            "welcome": dict(peer="h", index=0, scenario={}, fingerprint="f", network_port=1, silence_s=1.0)}
+    outcomes = set()
+    for _ in range(3000):
+        op = rng.choice(sorted(good))
+        fields = dict(good[op])
+        for _ in range(rng.randint(0, 2)):
+            field = rng.choice([*fields, "extra", "more", "quiet", "notes", "restore"])
+            if rng.random() < 0.15:
+                fields.pop(field, None)
+            else:
+                fields[field] = rng.choice(values)
+        frame = msgpack.packb({"v": 1, "op": op, **fields}, use_bin_type=True)
+        results = []
+        for check in (envelope.unpack, reference_unpack):
+            try:
+                results.append(("ok", check(frame)))
+            except envelope.ProtocolError as exc:
+                results.append(("refused", str(exc)))
+        assert results[0] == results[1], (op, fields, results)
+        outcomes.add(results[0][0])
+    assert outcomes == {"ok", "refused"}
