@@ -145,12 +145,15 @@ class Runtime:
         for report in reaction.reports:
             self._reports.put(report)
 
-    def _start_work(self, sock: zmq.Socket, actor: str, hold: int, reaction: Reaction, t: float) -> None:
+    def _start_work(self, sock: BatchingDealer, actor: str, hold: int, reaction: Reaction, t: float) -> None:
         if reaction.work is None:
             sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=None, busy_s=None))
             return
         ready_at = t + max(0.0, reaction.work_s)
         sock.send(envelope.pack("done", actor=actor, hold=hold, busy_until=ready_at, busy_s=reaction.busy_s))
+        # the network waits for this answer: it leaves now, before the work's thread takes the GIL
+        # (queued, it could wait a switch interval, 5 ms, for the loop to flush it)
+        sock.flush()
         self.work.submit(ready_at, actor, hold, reaction.work, reaction.cohort)
 
     def _deliver(self, sock: zmq.Socket, env: dict[str, Any], frames: list[Any]) -> None:
