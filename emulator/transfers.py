@@ -109,7 +109,7 @@ class Transfers:
         if self.traces is not None:
             self._watch_traced_links(tr.tid, path)
         # the rates wait for the other transfers starting at this instant (settle_if_last settles them)
-        self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, self.cfg.path(tr.src, tr.dst), settle=False, **tcp))
+        self._reschedule(self.flows.add(tr.tid, tr.link_bytes * 8.0, path, settle=False, **tcp))
 
     # ---- trace-driven links --------------------------------------------------------------------
     def _watch_traced_links(self, tid: int, path: tuple) -> None:

@@ -183,3 +183,73 @@ def test_the_precompiled_field_checks_accept_and_refuse_exactly_what_the_plain_o
         assert results[0] == results[1], (op, fields, results)
         outcomes.add(results[0][0])
     assert outcomes == {"ok", "refused"}
+
+
+class CheckingIn:
+    """On `online`, checks in with the server: a frameless send, then the runtime's `done`."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def react(self, msg):
+        from node.actor import Reaction, Send  # noqa: PLC0415
+
+        return Reaction(sends=[Send("server", "checkin", -1, {"battery": 0.5})])
+
+
+def test_a_hosts_runtime_answers_a_batch_of_deliveries_with_one_batch_in_delivery_order(tmp_path):
+    import threading  # noqa: PLC0415
+
+    from node.runtime import Runtime  # noqa: PLC0415
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"ipc://{tmp_path}/n")
+    runtime = Runtime("host0", f"ipc://{tmp_path}/n", [CheckingIn(f"c{k}") for k in range(3)])
+    thread = threading.Thread(target=runtime.run, daemon=True)
+    thread.start()
+    try:
+        assert router.poll(10_000), "the runtime never said hello"
+        peer, hello = router.recv_multipart()
+        assert envelope.unpack(hello)["op"] == "hello"
+        online = [envelope.pack("deliver", src="network", dst=f"c{k}", kind="online", round=-1, t=0.5, hold=10 + k,
+                                body={}, device=None, shared=0) for k in (2, 0, 1)]
+        router.send_multipart([peer, batch.pack_batch(online)])
+        assert router.poll(10_000), "no answer"
+        _, answer = router.recv_multipart()
+        env = envelope.unpack(answer)
+        assert env["op"] == "batch"
+        parts = [envelope.unpack(p) for p in env["parts"]]
+        assert [(p["op"], p.get("src") or p.get("actor")) for p in parts] == [
+            ("send", "c2"), ("done", "c2"), ("send", "c0"), ("done", "c0"), ("send", "c1"), ("done", "c1")]
+        assert [p["hold"] for p in parts if p["op"] == "done"] == [12, 10, 11]
+        assert all(p["t"] == 0.5 and p["kind"] == "checkin" for p in parts if p["op"] == "send")
+    finally:
+        router.send_multipart([peer, envelope.pack("stop")])
+        thread.join(10)
+        ctx.destroy(linger=0)
+    assert not thread.is_alive()
+
+
+def test_an_answer_that_starts_work_leaves_before_the_work_is_handed_over():
+    """The network's clock waits for it; queued, it waited behind the worker thread's hold of the GIL."""
+    from node.actor import Reaction  # noqa: PLC0415
+    from node.runtime import Runtime  # noqa: PLC0415
+
+    class Wire:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, frame, flags=0):
+            self.sent.append(envelope.unpack(frame))
+
+    wire = Wire()
+    sock = batch.BatchingDealer(wire)
+    runtime = Runtime("host0", "inproc://unused", [])
+    seen_at_submit = []
+    runtime.work.submit = lambda *args: seen_at_submit.append([m["op"] for m in wire.sent])
+    sock.send(timer("before"))
+    runtime._start_work(sock, "c0", 7, Reaction(work=lambda: Reaction(), work_s=2.0), 1.0)
+    assert seen_at_submit == [["batch"]]  # the timer queued before it and the done, sent together
+    done = [p for m in wire.sent if m["op"] == "batch" for p in map(envelope.unpack, m["parts"])]
+    assert [p["op"] for p in done] == ["timer", "done"] and done[1]["busy_until"] == 3.0 and not sock.queued
