@@ -10,7 +10,7 @@ import math
 
 import msgpack
 
-VERSION = 1
+VERSION = 2  # 2: the batch op (protocol/batch.py); a peer of version 1 could not read what a network of 2 sends
 MAX_ENVELOPE_BYTES = 1 << 20
 
 KINDS = frozenset({"start", "task", "update", "checkin", "stats", "moments", "gossip", "warmup_update", "warmup_model",

@@ -112,7 +112,7 @@ def test_the_network_handles_each_part_of_a_batch_and_refuses_what_it_would_refu
     net.receive(b"host0", [zmq.Frame(batch.pack_batch([timer("with frames")])), zmq.Frame(b"x")])
     assert net.guard.counts()["total"] - before == 5 and len(net.queue) == 2
     with pytest.raises(envelope.ProtocolError, match="packed envelopes"):
-        envelope.unpack(msgpack.packb({"v": 1, "op": "batch", "parts": [1, 2]}))
+        envelope.unpack(msgpack.packb({"v": envelope.VERSION, "op": "batch", "parts": [1, 2]}))
 
 
 def test_a_checkpoint_sends_the_queued_deliveries_before_it_asks_for_snapshots(tmp_path):
@@ -173,7 +173,7 @@ def test_the_precompiled_field_checks_accept_and_refuse_exactly_what_the_plain_o
                 fields.pop(field, None)
             else:
                 fields[field] = rng.choice(values)
-        frame = msgpack.packb({"v": 1, "op": op, **fields}, use_bin_type=True)
+        frame = msgpack.packb({"v": envelope.VERSION, "op": op, **fields}, use_bin_type=True)
         results = []
         for check in (envelope.unpack, reference_unpack):
             try:

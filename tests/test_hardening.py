@@ -50,7 +50,7 @@ def attack(endpoint: str) -> int:
         return sock
 
     def raw(op: str, **fields) -> bytes:  # packed without any check
-        return msgpack.packb({"v": 1, "op": op, **fields}, use_bin_type=True)
+        return msgpack.packb({"v": envelope.VERSION, "op": op, **fields}, use_bin_type=True)
 
     send = dict(src="server", dst="c0000", kind="task", round=0, t=0.0, n=0, body={}, payload=0, fp32=0)
     messages = [

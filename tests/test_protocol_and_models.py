@@ -15,11 +15,12 @@ def test_envelope_round_trip_and_strict_rejections():
     env = envelope.unpack(envelope.pack("timer", actor="c0001", at=1.5, tag="deadline:0"))
     assert env["op"] == "timer" and env["at"] == 1.5
     bad = [
-        (msgpack.packb({"v": 2, "op": "stop"}), "version 2 unknown"),
-        (msgpack.packb({"v": 1, "op": "teleport"}), "op 'teleport' unknown"),
-        (msgpack.packb({"v": 1, "op": "timer", "actor": "a", "at": 1.0}), "field 'tag' missing"),
-        (msgpack.packb({"v": 1, "op": "timer", "actor": "a", "at": "soon", "tag": "x"}), "'at' has the wrong type"),
-        (msgpack.packb({"v": 1, "op": "stop", "extra": 1}), "unexpected fields"),
+        (msgpack.packb({"v": envelope.VERSION + 1, "op": "stop"}), f"version {envelope.VERSION + 1} unknown"),
+        (msgpack.packb({"v": 1, "op": "stop"}), "version 1 unknown"),  # the release before the batch op
+        (msgpack.packb({"v": envelope.VERSION, "op": "teleport"}), "op 'teleport' unknown"),
+        (msgpack.packb({"v": envelope.VERSION, "op": "timer", "actor": "a", "at": 1.0}), "field 'tag' missing"),
+        (msgpack.packb({"v": envelope.VERSION, "op": "timer", "actor": "a", "at": "soon", "tag": "x"}), "'at' has the wrong type"),
+        (msgpack.packb({"v": envelope.VERSION, "op": "stop", "extra": 1}), "unexpected fields"),
         (b"\xc1garbage", "not valid msgpack"),
         (b"x" * (envelope.MAX_ENVELOPE_BYTES + 1), "over the limit"),
     ]

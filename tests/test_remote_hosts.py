@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgpack
 import psutil
 import pytest
 import zmq
@@ -158,6 +159,12 @@ def test_lobby_gives_each_slot_once_after_the_network_listens(tmp_path):
         full = answer(joiner())
         assert full["op"] == "join_refused" and "all its 2 hosts" in full["why"]
         assert hosts[0].joined_from == {"machine": "m", "pid": 1, "address": "127.0.0.1"} and lobby.joined == ["host1", "host0"]
+        older = ctx.socket(zmq.DEALER)  # a host of another release: its envelopes carry another version
+        host_key.connect(older)
+        older.connect(url)
+        older.send(msgpack.packb({"v": envelope.VERSION - 1, "op": "join", "host": "m", "pid": 2, "slot": ""}))
+        refused = answer(older)
+        assert refused["op"] == "join_refused" and f"protocol version {envelope.VERSION - 1} unknown" in refused["why"]
         lobby.close()
     finally:
         ctx.destroy(linger=0)
