@@ -16,7 +16,7 @@ import zmq
 from . import envelope
 
 MAX_PARTS = 512  # envelopes in one batch
-MAX_BYTES = 256 << 10  # and their bytes: far under envelope.MAX_ENVELOPE_BYTES
+MAX_BYTES = 256 << 10  # and their bytes (one larger envelope goes alone): far under envelope.MAX_ENVELOPE_BYTES
 
 
 def pack_batch(parts: list[bytes]) -> bytes:
@@ -37,6 +37,8 @@ class BatchingDealer:
         return getattr(self.sock, name)
 
     def send(self, header: bytes, flags: int = 0) -> None:
+        if self.queued and self.queued_bytes + len(header) > MAX_BYTES:
+            self.flush()  # (a batch stays within MAX_BYTES, far under the envelope limit, whatever joins it)
         self.queued.append(header)
         self.queued_bytes += len(header)
         if len(self.queued) >= MAX_PARTS or self.queued_bytes >= MAX_BYTES:
@@ -67,6 +69,8 @@ class RouterBatches:
         self.queued_bytes: dict[str, int] = {}
 
     def add(self, sock: zmq.Socket, peer: str, header: bytes, tag: Any) -> None:
+        if peer in self.queued and self.queued_bytes[peer] + len(header) > MAX_BYTES:
+            self.flush_peer(sock, peer)
         headers, tags = self.queued.setdefault(peer, ([], []))
         headers.append(header)
         tags.append(tag)

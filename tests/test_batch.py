@@ -74,8 +74,28 @@ def test_a_batch_never_grows_past_its_limits(pair):
         out.send(big)
     out.flush()
     messages = received(router, strip_identity=True)
-    assert all(len(m[0]) <= batch.MAX_BYTES + len(big) + 64 for m in messages) and len(messages) == 2
-    assert sum(len(envelope.unpack(m[0])["parts"]) for m in messages) == 5
+    assert [len(envelope.unpack(m[0]).get("parts", [m])) for m in messages] == [2, 2, 1]  # a third would pass MAX_BYTES
+    assert all(len(m[0]) <= batch.MAX_BYTES + 64 for m in messages)
+    # an envelope near the limit after queued ones: it goes alone, so nothing crosses over the limit
+    huge = timer("y" * (envelope.MAX_ENVELOPE_BYTES - 100))
+    out.send(timer("small"))
+    out.send(huge)
+    out.send(timer("after"))
+    out.flush()
+    sizes = [len(m[0]) for m in received(router, strip_identity=True)]
+    assert len(sizes) == 3 and max(sizes) <= envelope.MAX_ENVELOPE_BYTES and sizes[1] == len(huge)
+
+
+def test_the_routers_batches_stay_within_their_bytes_too(pair):
+    router, dealer = pair
+    batches = batch.RouterBatches(lambda tags: None)
+    huge = timer("y" * (envelope.MAX_ENVELOPE_BYTES - 100))
+    for header in (timer("a"), huge, timer("b"), timer("c")):
+        batches.add(router, "host0", header, None)
+    batches.flush(router)
+    got = [m[0] for m in received(dealer, strip_identity=False)]
+    assert [len(m) for m in got[:2]] == [len(timer("a")), len(huge)] and len(got) == 3
+    assert [envelope.unpack(p)["tag"] for p in envelope.unpack(got[2])["parts"]] == ["b", "c"]
 
 
 def test_the_routers_batches_reach_each_peer_in_order_and_name_the_holds_of_a_gone_one(pair):
