@@ -112,6 +112,7 @@ def waiting_for(net: Any) -> str:
         return "answers"
     return "work" if net.holds else "messages"
 
+
 def watch_peers(net: Any) -> None:
     """Once a second: tell the conductor of refused messages, and of peers gone silent. A peer
     whose last heartbeat said it was in the middle of a long job gets as long again."""

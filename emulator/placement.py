@@ -272,7 +272,7 @@ class Lobby:
                 env = envelope.unpack(frame.buffer)
             except envelope.ProtocolError as exc:
                 notes.append(f"lobby: refused a message ({exc})")
-                if "protocol version" in str(exc):  # another release of the emulator: say so, in our version
+                if isinstance(exc, envelope.VersionError):  # another release of the emulator: say so, in our version
                     self._send(identity, envelope.pack("join_refused", why=f"{exc}: run the same emulator release"))
                 continue
             if env["op"] == "data":

@@ -295,8 +295,10 @@ class Runtime:
             return False
         elif op == "snapshot":
             self._snapshot(sock, env["path"], int(env.get("chunk") or 0))
+        elif op == "batch":
+            self._refuse("a batch inside a batch" if nested else "a batch with payload frames")
         elif op != "alive_ack":
-            self._refuse(f"op {op!r} is not one the network sends" if op != "batch" else "a batch inside a batch")
+            self._refuse(f"op {op!r} is not one the network sends")
         return True
 
     def _join(self, threads: list[threading.Thread]) -> None:

@@ -23,25 +23,46 @@ def pack_batch(parts: list[bytes]) -> bytes:
     return envelope.pack("batch", parts=parts)
 
 
+class _Queue:
+    """Envelopes waiting in order, with a tag each, and their bytes: the bound both sides keep."""
+
+    def __init__(self) -> None:
+        self.headers: list[bytes] = []
+        self.tags: list[Any] = []
+        self.size = 0
+
+    def __len__(self) -> int:
+        return len(self.headers)
+
+    def would_overflow(self, header: bytes) -> bool:
+        """Whether adding it takes a non-empty queue past MAX_BYTES: send the queue first, so a
+        batch stays within MAX_BYTES whatever joins it (one larger envelope goes alone)."""
+        return bool(self.headers) and self.size + len(header) > MAX_BYTES
+
+    def add(self, header: bytes, tag: Any = None) -> bool:
+        """Queue it; True when the queue is now full (MAX_PARTS or MAX_BYTES) and must be sent."""
+        self.headers.append(header)
+        self.tags.append(tag)
+        self.size += len(header)
+        return len(self.headers) >= MAX_PARTS or self.size >= MAX_BYTES
+
+    def message(self) -> bytes:
+        """What crosses: the one envelope alone, or the batch of them."""
+        return self.headers[0] if len(self.headers) == 1 else pack_batch(self.headers)
+
+
 class BatchingDealer:
     """A DEALER socket whose frameless sends wait in order and go as one batch: at flush(), when
-    MAX_PARTS or MAX_BYTES are queued, or before a message with payload frames. Everything else is
-    the socket's own."""
+    the queue is full, or before a message with payload frames."""
 
     def __init__(self, sock: zmq.Socket):
         self.sock = sock
-        self.queued: list[bytes] = []
-        self.queued_bytes = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sock, name)
+        self.queued = _Queue()
 
     def send(self, header: bytes, flags: int = 0) -> None:
-        if self.queued and self.queued_bytes + len(header) > MAX_BYTES:
-            self.flush()  # (a batch stays within MAX_BYTES, far under the envelope limit, whatever joins it)
-        self.queued.append(header)
-        self.queued_bytes += len(header)
-        if len(self.queued) >= MAX_PARTS or self.queued_bytes >= MAX_BYTES:
+        if self.queued.would_overflow(header):
+            self.flush()
+        if self.queued.add(header):
             self.flush()
 
     def send_multipart(self, frames: list[Any], flags: int = 0, copy: bool = True) -> None:
@@ -52,10 +73,9 @@ class BatchingDealer:
         self.sock.send_multipart(frames, flags, copy=copy)
 
     def flush(self) -> None:
-        if not self.queued:
-            return
-        queued, self.queued, self.queued_bytes = self.queued, [], 0
-        self.sock.send(queued[0] if len(queued) == 1 else pack_batch(queued))
+        if self.queued:
+            queued, self.queued = self.queued, _Queue()
+            self.sock.send(queued.message())
 
 
 class RouterBatches:
@@ -65,29 +85,22 @@ class RouterBatches:
 
     def __init__(self, lost: Callable[[list[Any]], None]):
         self.lost = lost
-        self.queued: dict[str, tuple[list[bytes], list[Any]]] = {}
-        self.queued_bytes: dict[str, int] = {}
+        self.queued: dict[str, _Queue] = {}
 
     def add(self, sock: zmq.Socket, peer: str, header: bytes, tag: Any) -> None:
-        if peer in self.queued and self.queued_bytes[peer] + len(header) > MAX_BYTES:
+        if peer in self.queued and self.queued[peer].would_overflow(header):
             self.flush_peer(sock, peer)
-        headers, tags = self.queued.setdefault(peer, ([], []))
-        headers.append(header)
-        tags.append(tag)
-        size = self.queued_bytes[peer] = self.queued_bytes.get(peer, 0) + len(header)
-        if len(headers) >= MAX_PARTS or size >= MAX_BYTES:
+        if self.queued.setdefault(peer, _Queue()).add(header, tag):
             self.flush_peer(sock, peer)
 
     def flush_peer(self, sock: zmq.Socket, peer: str) -> None:
         queued = self.queued.pop(peer, None)
         if queued is None:
             return
-        del self.queued_bytes[peer]
-        headers, tags = queued
         try:
-            sock.send_multipart([peer.encode(), headers[0] if len(headers) == 1 else pack_batch(headers)])
+            sock.send_multipart([peer.encode(), queued.message()])
         except zmq.ZMQError:
-            self.lost(tags)
+            self.lost(queued.tags)
 
     def flush(self, sock: zmq.Socket) -> None:
         for peer in list(self.queued):

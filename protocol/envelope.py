@@ -88,6 +88,10 @@ class ProtocolError(ValueError):
     """An envelope failed validation; the message names the failing check."""
 
 
+class VersionError(ProtocolError):
+    """The envelope is of another protocol version: a peer of another release."""
+
+
 def pack(op: str, **fields: Any) -> bytes:
     return msgpack.packb({"v": VERSION, "op": op, **fields}, use_bin_type=True)
 
@@ -117,7 +121,7 @@ def unpack(frame: Any) -> dict[str, Any]:
     if not isinstance(env, dict):
         raise ProtocolError("envelope is not a map")
     if env.get("v") != VERSION:
-        raise ProtocolError(f"protocol version {env.get('v')!r} unknown (this side speaks {VERSION})")
+        raise VersionError(f"protocol version {env.get('v')!r} unknown (this side speaks {VERSION})")
     op = env.get("op")
     schema = SCHEMA.get(op)
     if schema is None:
@@ -170,5 +174,5 @@ def _check_number(op: str, field: str, value: float) -> None:
         raise ProtocolError(f"{op}: field {field!r} is not finite ({value})")
     if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
         raise ProtocolError(f"{op}: field {field!r} is out of the 64-bit range")
-    if value < 0 and (field in NONNEGATIVE or field == "t"):
+    if value < 0 and field in _NOT_NEGATIVE:
         raise ProtocolError(f"{op}: field {field!r} is negative ({value})")

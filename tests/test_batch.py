@@ -273,3 +273,14 @@ def test_an_answer_that_starts_work_leaves_before_the_work_is_handed_over():
     assert seen_at_submit == [["batch"]]  # the timer queued before it and the done, sent together
     done = [p for m in wire.sent if m["op"] == "batch" for p in map(envelope.unpack, m["parts"])]
     assert [p["op"] for p in done] == ["timer", "done"] and done[1]["busy_until"] == 3.0 and not sock.queued
+
+
+def test_a_hosts_runtime_refuses_a_nested_batch_and_a_batch_with_frames_and_goes_on(caplog):
+    from node.runtime import Runtime  # noqa: PLC0415
+
+    runtime = Runtime("host0", "inproc://unused", [])
+    sock = batch.BatchingDealer(None)  # nothing may be sent: both are refused before any delivery
+    assert runtime._on_message(sock, batch.pack_batch([batch.pack_batch([timer("x")])]), [])
+    assert runtime._on_message(sock, batch.pack_batch([timer("x")]), [b"frame"])
+    assert runtime.refused == 2  # the nested batch (what it holds is never read), the batch with frames
+    assert "a batch inside a batch" in caplog.text
