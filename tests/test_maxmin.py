@@ -124,11 +124,37 @@ def test_a_windows_new_capacity_leaves_what_remove_and_add_leave(paths, changes)
             model.capacity[("window", fid)] = 5.0 + fid
             model.add(fid, (*path, ("window", fid)), fid)
     for k, cap in changes:
-        fid = k % len(paths)
-        window = ("window", fid)
-        fast.set_own_capacity(fid, window, cap)
-        slow.remove(fid)
-        slow.capacity[window] = cap
-        slow.add(fid, (*paths[fid], window), fid)
-        assert _state(fast) == _state(slow)
-        assert fast.rates() == slow.rates()
+        _new_window_both_ways(fast, slow, k % len(paths), paths[k % len(paths)], cap)
+
+
+def test_a_star_members_new_window_takes_the_short_way_and_leaves_the_same_state(monkeypatch):
+    """A member of a star of three flows or more whose window moves (every member, each time a busy
+    server link's queue moves) is moved in the star's sorted caps alone (_star_member_recapped):
+    the same tables in the same orders as remove and add, and the general way is not taken."""
+    caps = capacities([30.0, 50.0, 50.0, 7.0, 9.0, 11.0, 13.0, 15.0, 17.0, 0.0])
+    fast, slow = IncrementalMaxMin(caps), IncrementalMaxMin(caps)
+    paths = [("server", access) for access in ("a0", "a1", "a2", "a3", "a4")]
+    for fid, path in enumerate(paths):
+        for model in (fast, slow):
+            model.capacity[("window", fid)] = 20.0 + fid
+            model.add(fid, (*path, ("window", fid)), fid)
+    general = []
+    monkeypatch.setattr(IncrementalMaxMin, "_reattach_partners", lambda self, *a: general.append(a))
+    for fid, cap in ((2, 3.0), (0, 250.0), (2, 40.0), (4, 1.5), (1, 8.5)):
+        _new_window_both_ways(fast, slow, fid, paths[fid], cap)
+    assert general == []
+    # by hand: private caps 7, 8.5, 11, 13 (windows 250, 8.5, 40, 23) and 1.5; 1.5 + 7 + 3 s = 30
+    rates = fast.rates()
+    assert rates[4] == 1.5 and rates[0] == 7.0
+    assert all(math.isclose(rates[fid], 21.5 / 3, rel_tol=1e-12) for fid in (1, 2, 3))
+
+
+def _new_window_both_ways(fast: IncrementalMaxMin, slow: IncrementalMaxMin, fid: int, path: tuple, cap: float) -> None:
+    """The window's new cap by set_own_capacity in `fast`, by remove and add in `slow`: the same state."""
+    window = ("window", fid)
+    fast.set_own_capacity(fid, window, cap)
+    slow.remove(fid)
+    slow.capacity[window] = cap
+    slow.add(fid, (*path, window), fid)
+    assert _state(fast) == _state(slow)
+    assert fast.rates() == slow.rates()

@@ -286,6 +286,7 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         self.epoch += 1
         mm, flows = self.mm, self.flows
         moved, self.queue_moved = self.queue_moved, set()
+        exact = set()  # caps just read and placed: nothing moves them again in this rebalance
         for link in moved:
             for fid in list(self.watchers.get(link, ())):
                 flow = flows.get(fid)
@@ -293,6 +294,7 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
                     self.sync(flow)
                     if self._recap_after_queue(fid, flow):
                         mm.touched_flows.add(fid)
+                        exact.add(fid)
         self._catch_up_due()
         for fid in self.pending:
             flow = flows.get(fid)
@@ -308,7 +310,7 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
             # spent): read its cap again, as the from-scratch model reads every cap
             for fid in found - touched:
                 flow = flows.get(fid)
-                if flow is not None and fid in mm.paths:
+                if flow is not None and fid in mm.paths and fid not in exact:
                     self.sync(flow)
                     if flow.tcp is not None:
                         self._replace_if_capped(fid, flow)
