@@ -420,7 +420,7 @@ class IncrementalFlowModel(ScratchShortcuts, SummedQueues, FlowModel):
         """The flow's narrowest link but `shared` (its window included), the first on its path on a tie."""
         best, which = INF, None
         cap = self.mm.capacity
-        for link in (*flow.path, window_link(fid)):
+        for link in flow.tcp.window_path if flow.tcp is not None else (*flow.path, window_link(fid)):
             if link != shared and cap.get(link, INF) < best:
                 best, which = cap[link], link
         return best, which

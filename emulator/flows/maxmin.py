@@ -222,7 +222,11 @@ class IncrementalMaxMin:
             table[key] = table.pop(key)
         capacity = self.capacity
         caps.remove(self.private.pop(fid), seq)
-        own = self.private[fid] = min((capacity[other] for other in links if other != star), default=INF)
+        own = INF  # (min over a generator, as _attach takes it, costs twice this loop)
+        for other in links:
+            if other != star and capacity[other] < own:
+                own = capacity[other]
+        self.private[fid] = own
         caps.insert(own, seq)
         self._changed(star)
         self.general.pop(fid, None)
