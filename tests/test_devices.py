@@ -53,6 +53,23 @@ def test_markov_availability_long_run_fraction_on():
     assert np.mean(fractions) == pytest.approx(0.75, abs=0.02)
 
 
+def test_markov_transitions_are_the_exponential_draws_summed_and_small():
+    """Each time is the last plus an Exp(mean of the state it leaves) draw from the device's own
+    stream, in order; and the iterator the network holds per device for the whole run is a few
+    slots, not a generator's frame (about 250 bytes)."""
+    import sys
+
+    m = MarkovAvailability(30.0, 10.0, np.random.default_rng(7))
+    twin = np.random.default_rng(7)
+    twin.random()  # (the draw that chose the initial state)
+    steps = m.transitions()
+    t, on = 0.0, m.initially_on
+    for _ in range(20):
+        t += float(twin.exponential(30.0 if on else 10.0))
+        on = not on
+        assert next(steps) == t
+    assert sys.getsizeof(m.transitions()) < 100
+
 def test_fedscale_files_load_from_pickle_and_json(tmp_path):
     behaviour = {1: {"active": [0, 40], "inactive": [10, 90], "finish_time": 100}}
     capacity = {"7": {"computation": 12.5, "communication": 2400.0}}
