@@ -89,22 +89,20 @@ class NetworkConfig:
         """The latency of a message from src to dst: both access links'."""
         return self.link(src).latency_s + self.link(dst).latency_s
 
-    def capacities(self) -> dict[tuple[str, str], float]:
-        caps = {}
+    def link_tables(self) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+        """Each link's capacity (bit/s) and buffer (s), keyed by ("up" | "down", actor) and ("group",
+        name). The two tables share their keys: two tuples per device, not four (at a million
+        devices, 128 MB of the network process)."""
+        caps, queues = {}, {}
         for actor, link in self.links.items():
-            caps[("up", actor)] = link.up_bps
-            caps[("down", actor)] = link.down_bps
+            up, down = ("up", actor), ("down", actor)
+            caps[up], caps[down] = link.up_bps, link.down_bps
+            queues[up] = queues[down] = link.queue_s
         for name, bps in self.groups.items():
             caps[("group", name)] = bps
-        return caps
-
-    def queues(self) -> dict[tuple[str, str], float]:
-        queues = {}
-        for actor, link in self.links.items():
-            queues[("up", actor)] = queues[("down", actor)] = link.queue_s
         for name, q in self.group_queue_s.items():
             queues[("group", name)] = q
-        return queues
+        return caps, queues
 
     def path(self, src: str, dst: str) -> tuple:
         """The links a transfer crosses: src's uplink, the shared bottlenecks of both, dst's downlink."""

@@ -61,7 +61,8 @@ class Transfers:
                  record: Callable[[dict[str, Any]], None]):
         self.cfg, self.clock, self.timeline, self.dead, self.record = cfg, clock, timeline, dead, record
         model = IncrementalFlowModel if cfg.flow_solver == "incremental" else FlowModel
-        self.flows = model(cfg.capacities(), TcpTransport(cfg.tcp) if cfg.tcp else None, cfg.queues())
+        capacities, queues = cfg.link_tables()
+        self.flows = model(capacities, TcpTransport(cfg.tcp) if cfg.tcp else None, queues)
         self.in_flight: dict[int, Transfer] = {}
         self.flows_of: dict[str, set[int]] = {}  # actor -> its transfers in flight (a device's toggle aborts them)
         self.ids = itertools.count()
