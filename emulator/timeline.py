@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 from node.compute import LoadModel, cpu_load
 
-from .clock import DeviceChange, Deliver, EventClock, LinkChange
+from .clock import DeviceChange, EventClock, LinkChange, Notice
 from .devices import DeviceSpec
 from .flows.links import INF
-from .netconfig import NetworkConfig, network_message
+from .netconfig import NetworkConfig
 
 MB = 1e6
 
@@ -47,7 +47,7 @@ class DeviceTimeline:
                     self.clock.push(fault.end, fault.actor, i, 1, LinkChange(fault.actor, False))
 
     def _deliver_later(self, actor: str, kind: str, t: float) -> None:
-        self.clock.push_own(t, actor, Deliver(network_message(actor, kind), []))
+        self.clock.push_own(t, actor, Notice(actor, kind))
 
     def _schedule_next_transition(self, actor: str) -> None:
         nxt = next(self.availability[actor], None)

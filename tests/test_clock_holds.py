@@ -2,14 +2,15 @@
 out without waiting for each other's answers, to actors that hold nothing, and what their answers
 make the network record comes out in delivery order whatever order the answers arrive in."""
 import io
+import sys
 
 import msgpack
 import zmq
 
 from emulator.devices import AlwaysOn, Battery, DeviceSpec
 from emulator.holds import INF, Holds
-from emulator.clock import FLOW_START, Deliver
-from emulator.netconfig import CONDUCTOR, Link, NetworkConfig
+from emulator.clock import DELIVER, FLOW_START, Deliver, Notice
+from emulator.netconfig import CONDUCTOR, Link, NetworkConfig, network_message
 from emulator.network import Network
 from protocol import envelope
 
@@ -136,3 +137,13 @@ def test_answers_in_any_order_record_in_delivery_order():
         assert [(r["client"], r["event"], r["energy_j"]) for r in rows] == \
             [("c0", "train", 4.0), ("c1", "train", 4.0), ("c2", "train", 4.0)]
         assert net.holds.earliest() == 3.0 and not net.holds.unanswered
+
+
+def test_a_notice_is_small_and_delivers_the_networks_own_message():
+    """A device's `online` waits on the clock as a Notice (a population queues one per device at
+    t = 0): two slots, no envelope until it is delivered, and a fresh envelope each time (a
+    delivery writes its time into the one it sends)."""
+    notice = Notice("c0042", "online")
+    assert not hasattr(notice, "__dict__") and sys.getsizeof(notice) < 64
+    assert notice.order == DELIVER and notice.portable() is notice
+    assert notice.env == network_message("c0042", "online") and notice.env is not notice.env
