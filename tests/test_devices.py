@@ -3,6 +3,7 @@ CPU load, battery arithmetic, selection policies."""
 import json
 import math
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -57,8 +58,6 @@ def test_markov_transitions_are_the_exponential_draws_summed_and_small():
     """Each time is the last plus an Exp(mean of the state it leaves) draw from the device's own
     stream, in order; and the iterator the network holds per device for the whole run is a few
     slots, not a generator's frame (about 250 bytes)."""
-    import sys
-
     m = MarkovAvailability(30.0, 10.0, np.random.default_rng(7))
     twin = np.random.default_rng(7)
     twin.random()  # (the draw that chose the initial state)
@@ -69,6 +68,7 @@ def test_markov_transitions_are_the_exponential_draws_summed_and_small():
         on = not on
         assert next(steps) == t
     assert sys.getsizeof(m.transitions()) < 100
+
 
 def test_fedscale_files_load_from_pickle_and_json(tmp_path):
     behaviour = {1: {"active": [0, 40], "inactive": [10, 90], "finish_time": 100}}

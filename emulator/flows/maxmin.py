@@ -220,13 +220,8 @@ class IncrementalMaxMin:
         seq = self.seq[fid]
         for table, key in ((self.attached, fid), (self.by_seq, seq), (self.routes, fid), (self.paths, fid), (self.seq, fid)):
             table[key] = table.pop(key)
-        capacity = self.capacity
         caps.remove(self.private.pop(fid), seq)
-        own = INF  # (min over a generator, as _attach takes it, costs twice this loop)
-        for other in links:
-            if other != star and capacity[other] < own:
-                own = capacity[other]
-        self.private[fid] = own
+        own = self.private[fid] = self._private_cap(links, star)
         caps.insert(own, seq)
         self._changed(star)
         self.general.pop(fid, None)
@@ -280,11 +275,19 @@ class IncrementalMaxMin:
             for link in shared:
                 self.impure[link] = self.impure.get(link, 0) + 1
         elif len(shared) == 1:
-            own = min((self.capacity[other] for other in self.paths[fid] if other != shared[0]), default=INF)
-            self.private[fid] = own
+            own = self.private[fid] = self._private_cap(self.paths[fid], shared[0])
             self.caps.setdefault(shared[0], _SortedCaps()).insert(own, self.seq[fid])
         for link in shared:
             self._changed(link)
+
+    def _private_cap(self, links: tuple, star: Hashable) -> float:
+        """The narrowest of a star member's links but the star's (a loop: min() over a generator
+        costs twice as much, and this runs for every member each time a busy link's queue moves)."""
+        capacity, own = self.capacity, INF
+        for other in links:
+            if other != star and capacity[other] < own:
+                own = capacity[other]
+        return own
 
     def _detach(self, fid: Hashable) -> None:
         self.touched_flows.add(fid)
